@@ -1,0 +1,26 @@
+//! The one error type of dg-engine: every variant names the argument or file at fault.
+
+/// Errors from the generation engine and its pure building blocks (RNG, sampler).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// An argument's length or shape does not fit the others.
+    #[error("{name}: {reason}")]
+    Shape {
+        /// The argument at fault, as the function names it.
+        name: &'static str,
+        /// What was expected and what was received.
+        reason: String,
+    },
+    /// An argument's value is outside its valid range.
+    #[error("{name}: {reason}")]
+    InvalidArgument {
+        /// The argument at fault, as the function names it.
+        name: &'static str,
+        /// Why the value is rejected.
+        reason: String,
+    },
+}
+
+/// `Result` with [`EngineError`].
+pub type Result<T> = std::result::Result<T, EngineError>;

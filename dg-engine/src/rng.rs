@@ -1,0 +1,430 @@
+//! An MLX-compatible random generator: bit-identical to `mlx.core.random` 0.32.4 on the CPU.
+//!
+//! [`Rng`] owns what MLX keeps in a hidden per-thread global (`mx.random.state`): one key. Each
+//! call that draws from the global key first advances it exactly as MLX's `KeySequence::next`
+//! does, so the same seed and the same sequence of calls give the same numbers as the
+//! reference. The engine creates one `Rng` per request and draws on one thread, in order.
+//!
+//! How MLX computes each piece (`mlx/random.cpp`, `python/src/random.cpp`,
+//! `mlx/backend/cpu/threefry.cpp`, `RandomBits::eval_cpu` in `mlx/backend/cpu/primitives.cpp`),
+//! with the quirks this module reproduces:
+//!
+//! - **Keys.** `key(seed) = [seed >> 32, seed & 0xffffffff]` (u32). `mx.random.seed(s)` sets the
+//!   global key to `key(s)`; before any seed, Python uses the wall-clock time in ms. The Python
+//!   global key is **thread-local**: a seed set on one thread does not affect another.
+//! - **Global draws.** Every sampling function called without `key=` takes
+//!   `(state, sub) = split(state)` and samples with `sub` (`KeySequence::next`): the new state
+//!   is row 0 of the split, the key used is row 1.
+//! - **`split(key, n)`** is `bits((n, 2), key)` viewed as n keys.
+//! - **`bits(shape, key)`** fills `N = prod(shape)` u32 words with threefry2x32 (20 rounds,
+//!   JAX/Random123-compatible) in a peculiar layout: with `h = N / 2`, `o = N % 2`, counter
+//!   pair `(i, h + o + i)` for `i < h` writes words `i` and `h + o + i`; for odd `N` the middle
+//!   word `h` is the first output of counter `(h, 0)`. So the words of one call are not the
+//!   hash of `(0, 1), (2, 3), ...`, and an array's values change with its total size.
+//!   Counters are truncated to u32.
+//! - **`uniform`** (f32, `[0, 1)`): `min(f32(bits) / f32(u32::MAX), 0.99999994)`. `f32(u32::MAX)`
+//!   rounds to `2**32`, so this is `f32(bits) * 2**-32` after rounding the u32 to f32 (24 bits:
+//!   the low 8 bits of large words are lost), clamped below 1 (words >= 2**32 - 128 round
+//!   to 1.0). With bounds: `u * (f32(high) - f32(low)) + f32(low)`, two f32 roundings.
+//! - **`randint(low, high)`** (int32): `floor(uniform(f32(low), f32(high)))` cast to int32, then
+//!   clamped to `[low, high - 1]`. No rejection sampling: for ranges that are not a power of
+//!   two it is slightly biased (24-bit uniforms times the range, floored), and above `2**24`
+//!   not every integer is reachable.
+//! - **`gumbel`**: `-log(-log(uniform))` with the platform `logf`; a zero word gives `-inf`.
+//! - **`categorical(logits)`** over the last axis, default shape: the Gumbel-max trick,
+//!   `argmax(gumbel(logits.shape) + logits)` (first index on ties), **except** when the logits
+//!   hold a single distribution and have 2 or more dimensions (e.g. shape `(1, 1, V)`): MLX
+//!   then samples by inverse CDF, `searchsorted_right(exclusive_cumsum(w), uniform() *
+//!   sum(w)) - 1` with `w = exp(x - max)` (MLX's fast exp), or `w = (x == max)` when the max is
+//!   infinite. The two paths give different samples for the same key. A 1-D `(V,)` input
+//!   uses the Gumbel path.
+
+use crate::error::{EngineError, Result};
+use crate::mlx_math;
+
+/// A threefry key: two u32 words, as MLX's `uint32[2]` key arrays.
+pub type Key = [u32; 2];
+
+/// `mx.random.key(seed)`: `[seed >> 32, seed as u32]`.
+pub fn key(seed: u64) -> Key {
+    [(seed >> 32) as u32, seed as u32]
+}
+
+/// The threefry2x32 hash with 20 rounds (`mlx/backend/cpu/threefry.cpp`).
+pub fn threefry2x32(key: Key, count: [u32; 2]) -> [u32; 2] {
+    const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
+    let ks = [key[0], key[1], key[0] ^ key[1] ^ 0x1BD1_1BDA];
+    let mut x0 = count[0].wrapping_add(ks[0]);
+    let mut x1 = count[1].wrapping_add(ks[1]);
+    for i in 0..5 {
+        for &r in &ROTATIONS[i % 2] {
+            x0 = x0.wrapping_add(x1);
+            x1 = x1.rotate_left(r);
+            x1 ^= x0;
+        }
+        x0 = x0.wrapping_add(ks[(i + 1) % 3]);
+        x1 = x1.wrapping_add(ks[(i + 2) % 3]).wrapping_add(i as u32 + 1);
+    }
+    [x0, x1]
+}
+
+/// Fills `out` as `mx.random.bits(shape, key=key)` does for `prod(shape) == out.len()` words
+/// (width 4), in MLX's counter layout (see the module docs).
+pub fn fill_bits(key: Key, out: &mut [u32]) {
+    let n = out.len();
+    let half = n / 2;
+    let odd = n % 2;
+    for i in 0..half {
+        let second = half + odd + i;
+        let [a, b] = threefry2x32(key, [i as u32, second as u32]);
+        out[i] = a;
+        out[second] = b;
+    }
+    if odd == 1 {
+        out[half] = threefry2x32(key, [half as u32, 0])[0];
+    }
+}
+
+/// `mx.random.split(key, num)`: `num` sub-keys, the rows of `bits((num, 2), key)`.
+pub fn split_n(key: Key, num: usize) -> Result<Vec<Key>> {
+    let words = num
+        .checked_mul(2)
+        .ok_or_else(|| EngineError::InvalidArgument {
+            name: "num",
+            reason: format!("{num} sub-keys overflow usize"),
+        })?;
+    let mut bits = alloc_words(words, "num")?;
+    fill_bits(key, &mut bits);
+    Ok(bits.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
+}
+
+/// `mx.random.split(key)` as the C++ `split(key)` pair: `(row 0, row 1)`.
+pub fn split(key: Key) -> (Key, Key) {
+    let mut bits = [0u32; 4];
+    fill_bits(key, &mut bits);
+    ([bits[0], bits[1]], [bits[2], bits[3]])
+}
+
+/// One u32 word mapped to MLX's f32 uniform in `[0, 1)`: `min(f32(word) / 2**32, 1 - 2**-24)`.
+#[inline]
+pub fn uniform_from_bits(word: u32) -> f32 {
+    // `divide(bits, float32(UINT32_MAX))`: both operands become f32, and f32(UINT32_MAX) is
+    // exactly 2**32, so the division is exact after the u32 -> f32 rounding.
+    const BELOW_ONE: f32 = 0.999_999_94; // nextafter(1.0f, 0.0f)
+    let u = (word as f32) / 4_294_967_296.0;
+    if u < BELOW_ONE {
+        u
+    } else {
+        BELOW_ONE
+    }
+}
+
+/// MLX's float -> int32 cast on x86-64 (`cvttss2si`): truncation, and `i32::MIN` for NaN and
+/// out-of-range values (where Rust's `as` would saturate).
+#[inline]
+fn f32_to_i32_x86(x: f32) -> i32 {
+    // NaN is outside every range too.
+    if !(-2_147_483_648.0..2_147_483_648.0).contains(&x) {
+        i32::MIN
+    } else {
+        x as i32
+    }
+}
+
+/// `mx.random.bits(shape, key=key)` (u32 words).
+pub fn bits_with_key(key: Key, shape: &[usize]) -> Result<Vec<u32>> {
+    let mut out = alloc_words(numel(shape, "shape")?, "shape")?;
+    fill_bits(key, &mut out);
+    Ok(out)
+}
+
+/// `mx.random.uniform(shape=shape, key=key)`: f32 in `[0, 1)`.
+pub fn uniform_with_key(key: Key, shape: &[usize]) -> Result<Vec<f32>> {
+    Ok(bits_with_key(key, shape)?
+        .into_iter()
+        .map(uniform_from_bits)
+        .collect())
+}
+
+/// `mx.random.uniform(low, high, shape, key=key)` with f32 bounds:
+/// `u * (high - low) + low`, each operation rounded to f32.
+pub fn uniform_range_with_key(key: Key, low: f32, high: f32, shape: &[usize]) -> Result<Vec<f32>> {
+    let range = high - low;
+    Ok(bits_with_key(key, shape)?
+        .into_iter()
+        .map(|b| range * uniform_from_bits(b) + low)
+        .collect())
+}
+
+/// `mx.random.randint(low, high, shape, key=key)` (int32 output, int32 bounds).
+///
+/// MLX does not reject `low >= high`: every value is then `low`. The same holds here.
+pub fn randint_with_key(key: Key, low: i32, high: i32, shape: &[usize]) -> Result<Vec<i32>> {
+    let hi = high.wrapping_sub(1);
+    Ok(uniform_range_with_key(key, low as f32, high as f32, shape)?
+        .into_iter()
+        .map(|u| f32_to_i32_x86(u.floor()).min(hi).max(low))
+        .collect())
+}
+
+/// `mx.random.gumbel(shape, key=key)`: `-log(-log(uniform))` in f32.
+pub fn gumbel_with_key(key: Key, shape: &[usize]) -> Result<Vec<f32>> {
+    Ok(uniform_with_key(key, shape)?
+        .into_iter()
+        .map(|u| -mlx_math::log(-mlx_math::log(u)))
+        .collect())
+}
+
+/// `mx.random.categorical(logits, key=key)` over the last axis of `logits` (shape `shape`,
+/// row-major), with the default `shape`/`num_samples`: one sample per row, as u32 indices.
+///
+/// Follows MLX's two paths (see the module docs): inverse CDF when there is exactly one row
+/// and `shape` has 2 or more dimensions, Gumbel-max otherwise.
+pub fn categorical_with_key(key: Key, logits: &[f32], shape: &[usize]) -> Result<Vec<u32>> {
+    let (&vocab, batch) = shape.split_last().ok_or_else(|| EngineError::Shape {
+        name: "shape",
+        reason: "categorical needs logits with at least one dimension".into(),
+    })?;
+    let n = numel(shape, "shape")?;
+    if logits.len() != n {
+        return Err(EngineError::Shape {
+            name: "logits",
+            reason: format!("{} values for shape {shape:?}", logits.len()),
+        });
+    }
+    if vocab == 0 {
+        return Err(EngineError::Shape {
+            name: "shape",
+            reason: "categorical over an empty last axis".into(),
+        });
+    }
+    if n == vocab && !batch.is_empty() {
+        return Ok(vec![categorical_inverse_cdf(key, logits, batch)?]);
+    }
+    let gumbel = gumbel_with_key(key, shape)?;
+    Ok(logits
+        .chunks_exact(vocab)
+        .zip(gumbel.chunks_exact(vocab))
+        .map(|(row, g)| {
+            let noisy: Vec<f32> = g.iter().zip(row).map(|(&g, &x)| g + x).collect();
+            mlx_math::argmax(&noisy) as u32
+        })
+        .collect())
+}
+
+/// MLX's `categorical_inverse_cdf` for one distribution; `batch` (all ones) is the shape of
+/// the uniform it draws.
+fn categorical_inverse_cdf(key: Key, logits: &[f32], batch: &[usize]) -> Result<u32> {
+    let m = mlx_math::max(logits);
+    let w: Vec<f32> = if m.is_infinite() {
+        logits
+            .iter()
+            .map(|&x| f32::from(u8::from(x == m)))
+            .collect()
+    } else {
+        logits.iter().map(|&x| mlx_math::exp(x - m)).collect()
+    };
+    // Exclusive cumulative sum, f32, left to right.
+    let mut cdf = Vec::with_capacity(w.len());
+    let mut acc = 0.0_f32;
+    for &wi in &w {
+        cdf.push(acc);
+        acc += wi;
+    }
+    let total = mlx_math::sum(&w);
+    let u = uniform_with_key(key, batch)?[0] * total;
+    Ok(searchsorted_right(&cdf, u).wrapping_sub(1))
+}
+
+/// MLX's CPU `searchsorted(side="right")` binary search, NaN-aware as its comparator.
+fn searchsorted_right(sorted: &[f32], x: f32) -> u32 {
+    // nan_aware_less(a, b): NaN is never less; anything non-NaN is less than NaN.
+    let less = |a: f32, b: f32| !a.is_nan() && (b.is_nan() || a < b);
+    let (mut lo, mut hi) = (0usize, sorted.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if !less(x, sorted[mid]) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo as u32
+}
+
+/// The number of elements of `shape`, checked.
+fn numel(shape: &[usize], name: &'static str) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| EngineError::Shape {
+            name,
+            reason: format!("{shape:?} has more elements than usize holds"),
+        })
+}
+
+/// A zeroed word buffer, refusing sizes no allocation can hold (instead of panicking).
+fn alloc_words<T: Copy + Default>(n: usize, name: &'static str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| EngineError::Shape {
+        name,
+        reason: format!("cannot allocate {n} random words: {e}"),
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
+/// The random state of one request: MLX's global key, owned.
+///
+/// Each method mirrors the `mx.random` function of the same name called **without** `key=`:
+/// it advances the state by one split and samples with the split-off key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rng {
+    state: Key,
+}
+
+impl Rng {
+    /// The state after `mx.random.seed(seed)`.
+    pub fn new(seed: u64) -> Self {
+        Self { state: key(seed) }
+    }
+
+    /// A generator whose global key is `state` (`mx.random.state[0]`).
+    pub fn from_key(state: Key) -> Self {
+        Self { state }
+    }
+
+    /// The current global key (`mx.random.state[0]`).
+    pub fn state(&self) -> Key {
+        self.state
+    }
+
+    /// `KeySequence::next`: splits the state, keeps row 0, returns row 1 for one draw.
+    pub fn next_key(&mut self) -> Key {
+        let (state, sub) = split(self.state);
+        self.state = state;
+        sub
+    }
+
+    /// `mx.random.bits(shape)`.
+    pub fn bits(&mut self, shape: &[usize]) -> Result<Vec<u32>> {
+        let k = self.next_key();
+        bits_with_key(k, shape)
+    }
+
+    /// `mx.random.uniform(shape=shape)`: f32 in `[0, 1)`.
+    pub fn uniform(&mut self, shape: &[usize]) -> Result<Vec<f32>> {
+        let k = self.next_key();
+        uniform_with_key(k, shape)
+    }
+
+    /// `mx.random.uniform(low, high, shape)` with f32 bounds.
+    pub fn uniform_range(&mut self, low: f32, high: f32, shape: &[usize]) -> Result<Vec<f32>> {
+        let k = self.next_key();
+        uniform_range_with_key(k, low, high, shape)
+    }
+
+    /// `mx.random.randint(low, high, shape)` (int32).
+    pub fn randint(&mut self, low: i32, high: i32, shape: &[usize]) -> Result<Vec<i32>> {
+        let k = self.next_key();
+        randint_with_key(k, low, high, shape)
+    }
+
+    /// `mx.random.gumbel(shape)` (f32).
+    pub fn gumbel(&mut self, shape: &[usize]) -> Result<Vec<f32>> {
+        let k = self.next_key();
+        gumbel_with_key(k, shape)
+    }
+
+    /// `mx.random.categorical(logits)` over the last axis of `logits` shaped `shape`.
+    ///
+    /// The state advances even when the arguments are rejected, as in MLX (which takes the
+    /// key before validating).
+    pub fn categorical(&mut self, logits: &[f32], shape: &[usize]) -> Result<Vec<u32>> {
+        let k = self.next_key();
+        categorical_with_key(k, logits, shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threefry_known_answers() {
+        // Random123 known-answer vectors for threefry2x32 with 20 rounds.
+        assert_eq!(threefry2x32([0, 0], [0, 0]), [0x6b20_0159, 0x99ba_4efe]);
+        assert_eq!(
+            threefry2x32([u32::MAX, u32::MAX], [u32::MAX, u32::MAX]),
+            [0x1cb9_96fc, 0xbb00_2be7]
+        );
+        assert_eq!(
+            threefry2x32([0x1319_8a2e, 0x0370_7344], [0x243f_6a88, 0x85a3_08d3]),
+            [0xc492_3a9c, 0x483d_f7a0]
+        );
+    }
+
+    #[test]
+    fn split_of_key_zero_matches_jax() {
+        // jax.random.split(PRNGKey(0)) == [[4146024105, 967050713], [2718843009, 1272950319]].
+        let (a, b) = split(key(0));
+        assert_eq!(a, [4_146_024_105, 967_050_713]);
+        assert_eq!(b, [2_718_843_009, 1_272_950_319]);
+        assert_eq!(split_n(key(0), 2).unwrap(), vec![a, b]);
+    }
+
+    #[test]
+    fn uniform_clamps_below_one() {
+        assert_eq!(uniform_from_bits(0), 0.0);
+        assert_eq!(uniform_from_bits(u32::MAX), 0.999_999_94);
+        assert_eq!(uniform_from_bits(u32::MAX - 127), 0.999_999_94);
+        assert!(uniform_from_bits(u32::MAX - 128) < 1.0);
+        assert_eq!(uniform_from_bits(1 << 31), 0.5);
+    }
+
+    #[test]
+    fn randint_degenerate_range_and_cast() {
+        let k = key(3);
+        assert!(randint_with_key(k, 5, 5, &[4])
+            .unwrap()
+            .iter()
+            .all(|&v| v == 5));
+        assert!(randint_with_key(k, 7, 2, &[4])
+            .unwrap()
+            .iter()
+            .all(|&v| v == 7));
+        assert_eq!(f32_to_i32_x86(f32::NAN), i32::MIN);
+        assert_eq!(f32_to_i32_x86(3e9), i32::MIN);
+        assert_eq!(f32_to_i32_x86(-2.7), -2);
+    }
+
+    #[test]
+    fn categorical_rejects_bad_shapes() {
+        let k = key(0);
+        assert!(categorical_with_key(k, &[0.0; 4], &[]).is_err());
+        assert!(categorical_with_key(k, &[0.0; 4], &[2, 3]).is_err());
+        assert!(categorical_with_key(k, &[], &[2, 0]).is_err());
+        assert!(bits_with_key(k, &[usize::MAX, 3]).is_err());
+    }
+
+    #[test]
+    fn searchsorted_right_counts_less_or_equal() {
+        let s = [0.0, 1.0, 1.0, 3.0];
+        assert_eq!(searchsorted_right(&s, -1.0), 0);
+        assert_eq!(searchsorted_right(&s, 0.0), 1);
+        assert_eq!(searchsorted_right(&s, 1.0), 3);
+        assert_eq!(searchsorted_right(&s, 2.0), 3);
+        assert_eq!(searchsorted_right(&s, 9.0), 4);
+    }
+
+    #[test]
+    fn rng_advances_like_key_sequence() {
+        let mut rng = Rng::new(42);
+        let (s1, k1) = split(key(42));
+        assert_eq!(rng.next_key(), k1);
+        assert_eq!(rng.state(), s1);
+        let a = rng.randint(0, 10, &[3]).unwrap();
+        let (_, k2) = split(s1);
+        assert_eq!(a, randint_with_key(k2, 0, 10, &[3]).unwrap());
+    }
+}
