@@ -1,1 +1,19 @@
-//! dg-core
+//! dg-core: the DiffusionGemma text model in pure Rust.
+//!
+//! - [`config`]: `config.json` with the reference's defaults.
+//! - [`checkpoint`]: memory-mapped safetensors shards, sanitized names, typed errors.
+//! - [`model`]: the encoder/decoder backbone ([`TextModel`]) and its [`KvCache`].
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+mod mmap;
+pub mod model;
+
+pub use checkpoint::Checkpoint;
+pub use config::ModelConfig;
+pub use error::CoreError;
+pub use model::cache::KvCache;
+pub use model::{SelfConditioning, TextModel};
+#[cfg(feature = "synthetic")]
+pub mod synthetic;

@@ -1,0 +1,383 @@
+//! Checkpoint files: every `model*.safetensors` shard (sorted, as the reference globs them),
+//! memory-mapped, indexed by the reference's sanitized tensor names.
+//!
+//! Weights stay in the mapped files; a tensor is copied only when it must change form (bf16 norm
+//! weights become f32) or when the file places it at an offset its element type cannot be read
+//! from in place (safetensors promises no alignment).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use half::bf16;
+use safetensors::tensor::Dtype;
+use safetensors::SafeTensors;
+
+use crate::error::CoreError;
+use crate::mmap::MappedFile;
+
+/// A tensor's location and form inside one shard.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    /// Index into the shard list.
+    shard: usize,
+    /// The name as the file stores it (before sanitizing).
+    pub stored_name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    range: Range<usize>,
+}
+
+/// Read-only, typed view of tensor data: mapped in place when aligned, else an owned copy.
+#[derive(Clone)]
+pub struct Buf<T: bytemuck::Pod> {
+    inner: BufInner<T>,
+}
+
+#[derive(Clone)]
+enum BufInner<T> {
+    Mapped {
+        file: Arc<MappedFile>,
+        range: Range<usize>,
+    },
+    Owned(Arc<Vec<T>>),
+}
+
+impl<T: bytemuck::Pod> Buf<T> {
+    /// Wraps owned data.
+    pub fn owned(data: Vec<T>) -> Self {
+        Buf {
+            inner: BufInner::Owned(Arc::new(data)),
+        }
+    }
+
+    /// The elements.
+    pub fn as_slice(&self) -> &[T] {
+        match &self.inner {
+            // Alignment and length were checked when this Buf was made (see `Checkpoint::buf`).
+            BufInner::Mapped { file, range } => bytemuck::cast_slice(&file.bytes()[range.clone()]),
+            BufInner::Owned(v) => v,
+        }
+    }
+
+    /// Whether the data is read in place from the mapped file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.inner, BufInner::Mapped { .. })
+    }
+}
+
+impl<T: bytemuck::Pod> std::fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buf(len={}, mapped={})", self.as_slice().len(), self.is_mapped())
+    }
+}
+
+/// An opened checkpoint directory.
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<(PathBuf, Arc<MappedFile>)>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+/// Which tensors `sanitize` keeps, mirroring the reference's `Model.sanitize`.
+#[derive(Clone, Copy, Debug)]
+pub struct SanitizeOptions {
+    /// The config has a vision tower: keep `model.encoder.vision_tower.*` and `embed_vision.*`.
+    pub has_vision_tower: bool,
+    /// Keep the clipping calibration tensors of clipped vision linears.
+    pub use_clipped_linears: bool,
+}
+
+/// The reference's `sanitize`: drop rotary tables and `lm_head.weight` (the head is tied), keep
+/// only layer scalars of the encoder's text tower (its weights are the decoder's), and give the
+/// fused expert tensors their `.weight` suffix. Returns `None` for a dropped tensor.
+pub fn sanitize_name(name: &str, opts: SanitizeOptions) -> Option<String> {
+    if name.contains("rotary_emb") || name == "lm_head.weight" {
+        return None;
+    }
+    if name.starts_with("model.encoder.embed_vision.") || name.starts_with("model.encoder.vision_tower.") {
+        if !opts.has_vision_tower {
+            return None;
+        }
+        let calibration = ["input_max", "input_min", "output_max", "output_min"];
+        if !opts.use_clipped_linears && calibration.iter().any(|s| name.contains(s)) {
+            return None;
+        }
+        return Some(name.to_owned());
+    }
+    if name.starts_with("model.encoder.language_model.") {
+        return name.ends_with(".layer_scalar").then(|| name.to_owned());
+    }
+    for fused in [".experts.down_proj", ".experts.gate_up_proj"] {
+        if name.ends_with(fused) {
+            return Some(format!("{name}.weight"));
+        }
+    }
+    Some(name.to_owned())
+}
+
+fn dtype_size(dtype: Dtype) -> Option<usize> {
+    Some(match dtype {
+        Dtype::U8 | Dtype::I8 | Dtype::BOOL => 1,
+        Dtype::BF16 | Dtype::F16 | Dtype::I16 | Dtype::U16 => 2,
+        Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
+        Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,
+        _ => return None,
+    })
+}
+
+impl Checkpoint {
+    /// Opens every `model*.safetensors` shard of `dir` (sorted by name, like the reference's glob),
+    /// checks each file against its header, and indexes the sanitized tensor names.
+    pub fn open(dir: &Path, opts: SanitizeOptions) -> Result<Self, CoreError> {
+        let read_dir = std::fs::read_dir(dir).map_err(|source| CoreError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let mut paths: Vec<PathBuf> = read_dir
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+            })
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            return Err(CoreError::Checkpoint {
+                path: dir.to_owned(),
+                reason: "no model*.safetensors files".into(),
+            });
+        }
+        check_index(dir, &paths)?;
+        let mut ck = Checkpoint {
+            dir: dir.to_owned(),
+            shards: Vec::new(),
+            tensors: HashMap::new(),
+        };
+        for path in paths {
+            ck.add_file(&path, opts, |n| n.to_owned())?;
+        }
+        Ok(ck)
+    }
+
+    /// Adds another safetensors file (e.g. the vision sidecar), renaming its tensors with `rename`
+    /// before sanitizing. Names already present win, as the reference's `setdefault` does.
+    pub fn add_file(
+        &mut self,
+        path: &Path,
+        opts: SanitizeOptions,
+        rename: impl Fn(&str) -> String,
+    ) -> Result<(), CoreError> {
+        let bad = |reason: String| CoreError::Checkpoint {
+            path: path.to_owned(),
+            reason,
+        };
+        let file = Arc::new(MappedFile::open(path)?);
+        let bytes = file.bytes();
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+        let data_start = 8 + header_len;
+        let shard = self.shards.len();
+        for (stored_name, info) in metadata.tensors() {
+            let (start, end) = info.data_offsets;
+            let size = dtype_size(info.dtype)
+                .ok_or_else(|| bad(format!("tensor {stored_name}: unsupported dtype {:?}", info.dtype)))?;
+            let elems: usize = info.shape.iter().product();
+            if end < start || end - start != elems * size {
+                return Err(bad(format!(
+                    "tensor {stored_name}: {} bytes for shape {:?} of {:?}",
+                    end.saturating_sub(start),
+                    info.shape,
+                    info.dtype
+                )));
+            }
+            if data_start + end > bytes.len() {
+                return Err(bad(format!(
+                    "truncated: tensor {stored_name} ends at byte {} but the file has {} bytes",
+                    data_start + end,
+                    bytes.len()
+                )));
+            }
+            let Some(name) = sanitize_name(&rename(&stored_name), opts) else {
+                continue;
+            };
+            self.tensors.entry(name).or_insert(TensorEntry {
+                shard,
+                stored_name: stored_name.clone(),
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                range: data_start + start..data_start + end,
+            });
+        }
+        self.shards.push((path.to_owned(), file));
+        Ok(())
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether a (sanitized) tensor exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// All sanitized tensor names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// A tensor's entry, or a `MissingTensor` error.
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry, CoreError> {
+        self.tensors.get(name).ok_or_else(|| CoreError::MissingTensor {
+            name: name.to_owned(),
+            dir: self.dir.clone(),
+        })
+    }
+
+    fn shard_path(&self, e: &TensorEntry) -> &Path {
+        &self.shards[e.shard].0
+    }
+
+    fn bad(&self, name: &str, e: &TensorEntry, reason: String) -> CoreError {
+        CoreError::BadTensor {
+            name: name.to_owned(),
+            path: self.shard_path(e).to_owned(),
+            reason,
+        }
+    }
+
+    fn expect_shape(&self, name: &str, e: &TensorEntry, shape: &[usize]) -> Result<(), CoreError> {
+        if e.shape != shape {
+            return Err(self.bad(name, e, format!("shape {:?}, expected {:?}", e.shape, shape)));
+        }
+        Ok(())
+    }
+
+    fn raw(&self, e: &TensorEntry) -> &[u8] {
+        &self.shards[e.shard].1.bytes()[e.range.clone()]
+    }
+
+    /// A floating tensor (bf16, f16 or f32) of the given shape, converted to f32.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CoreError> {
+        let e = self.entry(name)?;
+        self.expect_shape(name, e, shape)?;
+        let raw = self.raw(e);
+        Ok(match e.dtype {
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F32 => raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            other => return Err(self.bad(name, e, format!("dtype {other:?}, expected a float type"))),
+        })
+    }
+
+    /// A tensor of the given dtype and shape, read in place when aligned.
+    fn buf<T: bytemuck::Pod>(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<Buf<T>, CoreError> {
+        let e = self.entry(name)?;
+        if e.dtype != dtype {
+            return Err(self.bad(name, e, format!("dtype {:?}, expected {dtype:?}", e.dtype)));
+        }
+        self.expect_shape(name, e, shape)?;
+        let raw = self.raw(e);
+        if bytemuck::try_cast_slice::<u8, T>(raw).is_ok() {
+            return Ok(Buf {
+                inner: BufInner::Mapped {
+                    file: self.shards[e.shard].1.clone(),
+                    range: e.range.clone(),
+                },
+            });
+        }
+        // Misaligned in the file: copy once into an aligned buffer.
+        Ok(Buf::owned(bytemuck::pod_collect_to_vec(raw)))
+    }
+
+    /// A packed quantized weight (`uint32`).
+    pub fn u32_buf(&self, name: &str, shape: &[usize]) -> Result<Buf<u32>, CoreError> {
+        self.buf(name, Dtype::U32, shape)
+    }
+
+    /// Quantization scales or biases: bf16 as shipped; f16/f32 are converted to bf16 exactly
+    /// when they hold bf16 values, else rejected.
+    pub fn bf16_buf(&self, name: &str, shape: &[usize]) -> Result<Buf<bf16>, CoreError> {
+        let e = self.entry(name)?;
+        match e.dtype {
+            Dtype::BF16 => self.buf(name, Dtype::BF16, shape),
+            Dtype::F32 | Dtype::F16 => {
+                let values = self.f32(name, shape)?;
+                let converted: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+                if converted.iter().zip(&values).any(|(b, v)| b.to_f32() != *v && !v.is_nan()) {
+                    return Err(self.bad(name, e, "scales/biases must be exactly representable in bf16".into()));
+                }
+                Ok(Buf::owned(converted))
+            }
+            other => Err(self.bad(name, e, format!("dtype {other:?}, expected bf16"))),
+        }
+    }
+}
+
+/// When `model.safetensors.index.json` exists, every file its `weight_map` names must be there.
+fn check_index(dir: &Path, shards: &[PathBuf]) -> Result<(), CoreError> {
+    let index = dir.join("model.safetensors.index.json");
+    let Ok(text) = std::fs::read_to_string(&index) else {
+        return Ok(());
+    };
+    let bad = |reason: String| CoreError::Checkpoint {
+        path: index.clone(),
+        reason,
+    };
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no weight_map object".into()))?;
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| bad(format!("weight_map[{tensor}] is not a string")))?;
+        if !shards.iter().any(|p| p.file_name().and_then(|n| n.to_str()) == Some(file)) {
+            return Err(bad(format!("weight_map[{tensor}] names {file}, which is missing")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_follows_the_reference() {
+        let text = SanitizeOptions {
+            has_vision_tower: false,
+            use_clipped_linears: false,
+        };
+        assert_eq!(sanitize_name("lm_head.weight", text), None);
+        assert_eq!(sanitize_name("model.decoder.rotary_emb.inv_freq", text), None);
+        assert_eq!(
+            sanitize_name("model.encoder.language_model.layers.3.layer_scalar", text).as_deref(),
+            Some("model.encoder.language_model.layers.3.layer_scalar")
+        );
+        assert_eq!(sanitize_name("model.encoder.language_model.layers.3.mlp.up_proj.weight", text), None);
+        assert_eq!(
+            sanitize_name("model.decoder.layers.0.experts.gate_up_proj", text).as_deref(),
+            Some("model.decoder.layers.0.experts.gate_up_proj.weight")
+        );
+        assert_eq!(sanitize_name("model.encoder.vision_tower.x.weight", text), None);
+        let vision = SanitizeOptions {
+            has_vision_tower: true,
+            use_clipped_linears: false,
+        };
+        assert!(sanitize_name("model.encoder.vision_tower.x.weight", vision).is_some());
+        assert_eq!(sanitize_name("model.encoder.vision_tower.x.input_max", vision), None);
+    }
+}

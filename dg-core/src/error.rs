@@ -1,0 +1,45 @@
+//! The one error type of dg-core: every variant names the file, tensor or field at fault.
+
+use std::path::PathBuf;
+
+/// Errors from loading a checkpoint or running the text model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoreError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `config.json` is malformed or describes an unsupported model.
+    #[error("{path}: {reason}")]
+    Config { path: PathBuf, reason: String },
+    /// A safetensors file is malformed or truncated.
+    #[error("{path}: {reason}")]
+    Checkpoint { path: PathBuf, reason: String },
+    /// The checkpoint lacks a tensor the model needs.
+    #[error("missing tensor {name} (looked in {dir})")]
+    MissingTensor { name: String, dir: PathBuf },
+    /// A tensor has the wrong shape or dtype.
+    #[error("tensor {name} in {path}: {reason}")]
+    BadTensor {
+        name: String,
+        path: PathBuf,
+        reason: String,
+    },
+    /// An input is out of range (token id, length, ...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A quantized kernel rejected its operands.
+    #[error("quantized op on {name}: {source}")]
+    Quant {
+        name: String,
+        #[source]
+        source: dg_quant::QuantError,
+    },
+    /// Loading was cancelled by the progress callback.
+    #[error("loading cancelled")]
+    Cancelled,
+}

@@ -1,0 +1,90 @@
+//! One transformer layer: attention, then a dense GeGLU MLP and a routed MoE in parallel, with
+//! Gemma-4's seven norms and a layer scalar. The same weights serve the encoder and the decoder;
+//! only the layer scalar differs (the encoder has its own).
+
+use dg_quant::ops;
+
+use super::attention::{Attention, AttentionMask};
+use super::cache::LayerCache;
+use super::mlp::Mlp;
+use super::moe::{Experts, Router};
+use crate::error::CoreError;
+
+/// Weights of one layer.
+#[derive(Debug)]
+pub struct Layer {
+    pub attention: Attention,
+    pub mlp: Mlp,
+    pub router: Router,
+    pub experts: Experts,
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub pre_feedforward_layernorm: Vec<f32>,
+    pub post_feedforward_layernorm: Vec<f32>,
+    pub post_feedforward_layernorm_1: Vec<f32>,
+    pub pre_feedforward_layernorm_2: Vec<f32>,
+    pub post_feedforward_layernorm_2: Vec<f32>,
+    pub decoder_scalar: f32,
+    pub encoder_scalar: f32,
+    pub eps: f32,
+}
+
+/// Which pass a layer runs in.
+pub enum Pass<'a> {
+    /// Encoder: causal attention, appends to the layer's cache.
+    Encoder {
+        cache: &'a mut LayerCache,
+        mask: AttentionMask<'a>,
+    },
+    /// Decoder: the canvas over the kept prompt positions `visible`.
+    Decoder {
+        cache: &'a LayerCache,
+        visible: std::ops::Range<usize>,
+    },
+}
+
+impl Layer {
+    fn norm(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0f32; x.len()];
+        ops::rms_norm_rows(x, weight.len(), Some(weight), self.eps, &mut out);
+        out
+    }
+
+    /// Runs the layer over `rows` rows of hidden states `x`, in place.
+    pub fn forward(&self, x: &mut [f32], rows: usize, pass: Pass<'_>) -> Result<(), CoreError> {
+        let h = self.norm(x, &self.input_layernorm);
+        let (attn, scalar) = match pass {
+            Pass::Encoder { cache, mask } => (
+                self.attention.forward_encoder(&h, rows, cache, mask)?,
+                self.encoder_scalar,
+            ),
+            Pass::Decoder { cache, visible } => (
+                self.attention.forward_decoder(&h, rows, cache, visible)?,
+                self.decoder_scalar,
+            ),
+        };
+        let attn = self.norm(&attn, &self.post_attention_layernorm);
+        for (r, a) in x.iter_mut().zip(&attn) {
+            *r += a;
+        }
+        let residual: &[f32] = x;
+
+        let dense_in = self.norm(residual, &self.pre_feedforward_layernorm);
+        let dense = self.mlp.forward(&dense_in, rows)?;
+        let dense = self.norm(&dense, &self.post_feedforward_layernorm_1);
+
+        let routing = self.router.route(residual, rows)?;
+        let moe_in = self.norm(residual, &self.pre_feedforward_layernorm_2);
+        let moe = self.experts.forward(&moe_in, rows, &routing)?;
+        let mut moe = self.norm(&moe, &self.post_feedforward_layernorm_2);
+
+        for (m, d) in moe.iter_mut().zip(&dense) {
+            *m += d;
+        }
+        let ffn = self.norm(&moe, &self.post_feedforward_layernorm);
+        for (r, f) in x.iter_mut().zip(&ffn) {
+            *r = (*r + f) * scalar;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,302 @@
+//! Linear layers as the checkpoint stores them: MLX-affine quantized or plain, resolved the way the
+//! reference loader's `class_predicate` does it.
+
+use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
+
+use crate::checkpoint::{Buf, Checkpoint};
+use crate::config::{QuantEntry, QuantizationConfig};
+use crate::error::CoreError;
+
+/// How one module is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    /// Plain floating weights.
+    Dense,
+    /// MLX affine quantized.
+    Quantized(QuantSpec),
+}
+
+/// The reference's quantization decision for a module path: an explicit per-module entry wins;
+/// otherwise the module is quantized with the default bits when its `.scales` tensor exists and
+/// its weight count is a multiple of 64.
+pub fn resolve_storage(
+    ck: &Checkpoint,
+    quant: Option<&QuantizationConfig>,
+    path: &str,
+    weight_elems: usize,
+) -> Result<Storage, CoreError> {
+    let Some(q) = quant else {
+        return Ok(Storage::Dense);
+    };
+    let entry: Option<QuantEntry> = match q.modules.get(path) {
+        Some(explicit) => *explicit,
+        None if weight_elems % 64 == 0 && ck.contains(&format!("{path}.scales")) => q.default,
+        None => None,
+    };
+    match entry {
+        None => Ok(Storage::Dense),
+        Some(e) => QuantSpec::new(e.bits, e.group_size)
+            .map(Storage::Quantized)
+            .map_err(|source| CoreError::Quant {
+                name: path.to_owned(),
+                source,
+            }),
+    }
+}
+
+/// Packed weights, scales and biases of a quantized tensor.
+#[derive(Clone, Debug)]
+pub struct QuantizedWeights {
+    pub packed: Buf<u32>,
+    pub scales: Buf<bf16>,
+    pub biases: Buf<bf16>,
+    pub spec: QuantSpec,
+}
+
+impl QuantizedWeights {
+    /// Loads `{path}.weight/.scales/.biases` for `matrices` stacked `[rows, cols]` matrices.
+    fn load(
+        ck: &Checkpoint,
+        path: &str,
+        lead: &[usize],
+        rows: usize,
+        cols: usize,
+        spec: QuantSpec,
+    ) -> Result<Self, CoreError> {
+        let bad = |reason: String| CoreError::BadTensor {
+            name: format!("{path}.weight"),
+            path: ck.dir().to_owned(),
+            reason,
+        };
+        if cols % spec.group_size != 0 || (cols * spec.bits as usize) % 32 != 0 {
+            return Err(bad(format!(
+                "input width {cols} does not fit {}-bit groups of {}",
+                spec.bits, spec.group_size
+            )));
+        }
+        let shape = |last: usize| [lead, &[rows, last]].concat();
+        Ok(QuantizedWeights {
+            packed: ck.u32_buf(&format!("{path}.weight"), &shape(cols * spec.bits as usize / 32))?,
+            scales: ck.bf16_buf(&format!("{path}.scales"), &shape(cols / spec.group_size))?,
+            biases: ck.bf16_buf(&format!("{path}.biases"), &shape(cols / spec.group_size))?,
+            spec,
+        })
+    }
+}
+
+/// A linear layer `y = x @ W^T` with `W: [out, in]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    name: String,
+    pub out_dim: usize,
+    pub in_dim: usize,
+    weights: Weights,
+}
+
+#[derive(Clone, Debug)]
+enum Weights {
+    Dense(Vec<f32>),
+    Quantized(QuantizedWeights),
+}
+
+impl Linear {
+    /// Loads the module at `path` (`{path}.weight`, plus scales/biases when quantized).
+    pub fn load(
+        ck: &Checkpoint,
+        quant: Option<&QuantizationConfig>,
+        path: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Self, CoreError> {
+        let weights = match resolve_storage(ck, quant, path, out_dim * in_dim)? {
+            Storage::Dense => Weights::Dense(ck.f32(&format!("{path}.weight"), &[out_dim, in_dim])?),
+            Storage::Quantized(spec) => {
+                Weights::Quantized(QuantizedWeights::load(ck, path, &[], out_dim, in_dim, spec)?)
+            }
+        };
+        Ok(Linear {
+            name: path.to_owned(),
+            out_dim,
+            in_dim,
+            weights,
+        })
+    }
+
+    /// The module path, for error messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the weights are stored.
+    pub fn storage(&self) -> Storage {
+        match &self.weights {
+            Weights::Dense(_) => Storage::Dense,
+            Weights::Quantized(q) => Storage::Quantized(q.spec),
+        }
+    }
+
+    fn qmatrix(&self, q: &QuantizedWeights) -> Result<QMatrix<'_>, CoreError> {
+        QMatrix::new(
+            q.packed.as_slice(),
+            q.scales.as_slice(),
+            q.biases.as_slice(),
+            self.out_dim,
+            self.in_dim,
+            q.spec,
+        )
+        .map_err(|source| self.quant_err(source))
+    }
+
+    fn quant_err(&self, source: dg_quant::QuantError) -> CoreError {
+        CoreError::Quant {
+            name: self.name.clone(),
+            source,
+        }
+    }
+
+    /// `x [m, in] @ W^T -> [m, out]`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
+        let mut out = vec![0.0f32; m * self.out_dim];
+        match &self.weights {
+            Weights::Dense(w) => dg_quant::matmul_f32(x, w, m, self.in_dim, self.out_dim, true, &mut out),
+            Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, &mut out),
+        }
+        .map_err(|e| self.quant_err(e))?;
+        Ok(out)
+    }
+
+    /// `x [m, out] @ W -> [m, in]` (the soft-embedding product `probs @ embed`).
+    pub fn forward_transposed(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
+        let mut out = vec![0.0f32; m * self.in_dim];
+        match &self.weights {
+            Weights::Dense(w) => dg_quant::matmul_f32(x, w, m, self.out_dim, self.in_dim, false, &mut out),
+            Weights::Quantized(q) => dg_quant::matmul(x, m, &self.qmatrix(q)?, &mut out),
+        }
+        .map_err(|e| self.quant_err(e))?;
+        Ok(out)
+    }
+
+    /// Rows of W (embedding lookup), `ids.len() x in`.
+    pub fn rows(&self, ids: &[u32]) -> Result<Vec<f32>, CoreError> {
+        let mut out = vec![0.0f32; ids.len() * self.in_dim];
+        match &self.weights {
+            Weights::Dense(w) => {
+                for (id, o) in ids.iter().zip(out.chunks_exact_mut(self.in_dim)) {
+                    let r = *id as usize;
+                    if r >= self.out_dim {
+                        return Err(CoreError::InvalidInput(format!(
+                            "token id {id} is out of range for {} (vocabulary of {})",
+                            self.name, self.out_dim
+                        )));
+                    }
+                    o.copy_from_slice(&w[r * self.in_dim..(r + 1) * self.in_dim]);
+                }
+            }
+            Weights::Quantized(q) => {
+                if let Some(id) = ids.iter().find(|&&id| id as usize >= self.out_dim) {
+                    return Err(CoreError::InvalidInput(format!(
+                        "token id {id} is out of range for {} (vocabulary of {})",
+                        self.name, self.out_dim
+                    )));
+                }
+                dg_quant::embedding(&self.qmatrix(q)?, ids, &mut out).map_err(|e| self.quant_err(e))?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The whole weight matrix dequantized to f32 `[out, in]`.
+    pub fn dequantized(&self) -> Result<Vec<f32>, CoreError> {
+        match &self.weights {
+            Weights::Dense(w) => Ok(w.clone()),
+            Weights::Quantized(q) => {
+                let mut out = vec![0.0f32; self.out_dim * self.in_dim];
+                dg_quant::dequantize(&self.qmatrix(q)?, &mut out).map_err(|e| self.quant_err(e))?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Stacked expert weights `[E, out, in]` (MLX `SwitchLinear`), quantized or plain.
+#[derive(Clone, Debug)]
+pub struct ExpertLinear {
+    name: String,
+    pub experts: usize,
+    pub out_dim: usize,
+    pub in_dim: usize,
+    weights: Weights,
+}
+
+impl ExpertLinear {
+    /// Loads `{path}.weight` (+ scales/biases) of `experts` stacked `[out, in]` matrices.
+    pub fn load(
+        ck: &Checkpoint,
+        quant: Option<&QuantizationConfig>,
+        path: &str,
+        experts: usize,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Self, CoreError> {
+        let weights = match resolve_storage(ck, quant, path, experts * out_dim * in_dim)? {
+            Storage::Dense => Weights::Dense(ck.f32(&format!("{path}.weight"), &[experts, out_dim, in_dim])?),
+            Storage::Quantized(spec) => Weights::Quantized(QuantizedWeights::load(
+                ck,
+                path,
+                &[experts],
+                out_dim,
+                in_dim,
+                spec,
+            )?),
+        };
+        Ok(ExpertLinear {
+            name: path.to_owned(),
+            experts,
+            out_dim,
+            in_dim,
+            weights,
+        })
+    }
+
+    /// For each `(x_row, expert)` pair: `x[x_row] @ W_expert^T`, giving `[pairs, out]`.
+    pub fn forward_pairs(&self, x: &[f32], x_rows: usize, pairs: &[(usize, usize)]) -> Result<Vec<f32>, CoreError> {
+        let err = |source| CoreError::Quant {
+            name: self.name.clone(),
+            source,
+        };
+        let mut out = vec![0.0f32; pairs.len() * self.out_dim];
+        match &self.weights {
+            Weights::Quantized(q) => {
+                let experts = QExperts::new(
+                    q.packed.as_slice(),
+                    q.scales.as_slice(),
+                    q.biases.as_slice(),
+                    self.experts,
+                    self.out_dim,
+                    self.in_dim,
+                    q.spec,
+                )
+                .map_err(err)?;
+                dg_quant::gather_matmul_t(x, x_rows, &experts, pairs, &mut out).map_err(err)?;
+            }
+            Weights::Dense(w) => {
+                let size = self.out_dim * self.in_dim;
+                for (p, &(row, e)) in pairs.iter().enumerate() {
+                    let xr = &x[row * self.in_dim..(row + 1) * self.in_dim];
+                    let we = &w[e * size..(e + 1) * size];
+                    dg_quant::matmul_f32(
+                        xr,
+                        we,
+                        1,
+                        self.in_dim,
+                        self.out_dim,
+                        true,
+                        &mut out[p * self.out_dim..(p + 1) * self.out_dim],
+                    )
+                    .map_err(err)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,106 @@
+//! The routed mixture of experts that runs beside the dense MLP in every layer.
+//!
+//! Routing follows the reference exactly (LESSONS.md): the router sees the *raw* residual,
+//! normalized by the literal two-step `rms_norm(x) * scale * hidden^-0.5`; the top-k are chosen
+//! like `argpartition` (on equal scores the larger expert index wins); the weights are
+//! `softmax(top-k scores) * per_expert_scale`, not renormalized.
+
+use dg_quant::ops;
+
+use super::linear::{ExpertLinear, Linear};
+use crate::error::CoreError;
+
+/// Router weights.
+#[derive(Debug)]
+pub struct Router {
+    pub proj: Linear,
+    pub scale: Vec<f32>,
+    pub per_expert_scale: Vec<f32>,
+    pub top_k: usize,
+    pub eps: f32,
+}
+
+/// The experts chosen for one token and their weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+impl Router {
+    /// Routes each of `rows` residual rows to `top_k` experts.
+    pub fn route(&self, residual: &[f32], rows: usize) -> Result<Vec<Routing>, CoreError> {
+        let hidden = self.scale.len();
+        let root = (hidden as f32).powf(-0.5);
+        let mut normed = vec![0.0f32; residual.len()];
+        ops::rms_norm_rows(residual, hidden, None, self.eps, &mut normed);
+        for row in normed.chunks_exact_mut(hidden) {
+            for (v, s) in row.iter_mut().zip(&self.scale) {
+                *v = *v * s * root;
+            }
+        }
+        let scores = self.proj.forward(&normed, rows)?;
+        let experts = self.per_expert_scale.len();
+        Ok(scores
+            .chunks_exact(experts)
+            .map(|row| self.pick(row))
+            .collect())
+    }
+
+    fn pick(&self, scores: &[f32]) -> Routing {
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        // Highest score first; among equal scores the larger index first (argpartition's pick).
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(b.cmp(&a)));
+        order.truncate(self.top_k);
+        let mut weights: Vec<f32> = order.iter().map(|&e| scores[e]).collect();
+        ops::softmax_inplace(&mut weights);
+        for (w, &e) in weights.iter_mut().zip(&order) {
+            *w *= self.per_expert_scale[e];
+        }
+        Routing {
+            experts: order,
+            weights,
+        }
+    }
+}
+
+/// The experts: fused `gate_up_proj` (gate rows first) and `down_proj`.
+#[derive(Debug)]
+pub struct Experts {
+    pub gate_up_proj: ExpertLinear,
+    pub down_proj: ExpertLinear,
+    pub moe_dim: usize,
+}
+
+impl Experts {
+    /// `sum_k weight_k * expert_k(x)` for every row of `x` (already normed).
+    pub fn forward(&self, x: &[f32], rows: usize, routing: &[Routing]) -> Result<Vec<f32>, CoreError> {
+        let pairs: Vec<(usize, usize)> = routing
+            .iter()
+            .enumerate()
+            .flat_map(|(t, r)| r.experts.iter().map(move |&e| (t, e)))
+            .collect();
+        let gate_up = self.gate_up_proj.forward_pairs(x, rows, &pairs)?;
+        let m = self.moe_dim;
+        let mut act = vec![0.0f32; pairs.len() * m];
+        for (a, gu) in act.chunks_exact_mut(m).zip(gate_up.chunks_exact(2 * m)) {
+            a.copy_from_slice(&gu[..m]);
+            ops::geglu_inplace(a, &gu[m..]);
+        }
+        let down_pairs: Vec<(usize, usize)> = pairs.iter().enumerate().map(|(p, &(_, e))| (p, e)).collect();
+        let y = self.down_proj.forward_pairs(&act, pairs.len(), &down_pairs)?;
+        let hidden = self.down_proj.out_dim;
+        let mut out = vec![0.0f32; rows * hidden];
+        let mut p = 0;
+        for (t, r) in routing.iter().enumerate() {
+            let o = &mut out[t * hidden..(t + 1) * hidden];
+            for &w in &r.weights {
+                for (o, v) in o.iter_mut().zip(&y[p * hidden..(p + 1) * hidden]) {
+                    *o += v * w;
+                }
+                p += 1;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,367 @@
+//! [`DiffusionGemma`]: a loaded checkpoint (model, tokenizer, chat template, thread pool) and
+//! block-by-block generation.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
+use dg_tokenize::{ChatTemplate, StreamDetokenizer, Tokenizer};
+
+use crate::canvas::{denoise_block, BlockParams, BlockSampler};
+use crate::error::{EngineError, Result};
+use crate::output::{Event, FinishReason, Generation, Stats};
+use crate::request::{Defaults, Prompt, Request, Sampler};
+use crate::rng::Rng;
+use crate::settings::GenerationSettings;
+
+/// Load progress: layers done and total. Return `false` to cancel loading.
+pub type ProgressFn<'a> = Box<dyn FnMut(usize, usize) -> bool + 'a>;
+
+/// Options for [`DiffusionGemma::builder`].
+pub struct LoadBuilder<'a> {
+    dir: PathBuf,
+    threads: Option<usize>,
+    progress: Option<ProgressFn<'a>>,
+}
+
+impl<'a> LoadBuilder<'a> {
+    /// Worker threads for the numeric kernels (default: the number of physical cores).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// Called as layers load; returning `false` cancels with [`EngineError::Cancelled`].
+    pub fn progress(mut self, f: impl FnMut(usize, usize) -> bool + 'a) -> Self {
+        self.progress = Some(Box::new(f));
+        self
+    }
+
+    /// Loads the checkpoint.
+    pub fn load(self) -> Result<DiffusionGemma> {
+        let dir = self.dir;
+        let model_err = |e: dg_core::CoreError| EngineError::Model(Box::new(e));
+        let pool = dg_quant::pool::build(self.threads).map_err(|e| EngineError::InvalidArgument {
+            name: "threads",
+            reason: e.to_string(),
+        })?;
+        let config = ModelConfig::from_file(&dir.join("config.json")).map_err(model_err)?;
+        let tokenizer = Tokenizer::from_dir(&dir).map_err(EngineError::Tokenize)?;
+        let template = ChatTemplate::from_dir(&dir).map_err(EngineError::Tokenize)?;
+        let checkpoint_settings = read_generation_config(&dir)?;
+        let reference_settings = GenerationSettings::resolve(config.generation_config.as_ref())?;
+        let ck = Checkpoint::open(&dir, dg_core::model::sanitize_options(&config)).map_err(model_err)?;
+        let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| true));
+        let model = pool
+            .install(|| TextModel::from_checkpoint(&ck, config, &mut *progress))
+            .map_err(|e| match e {
+                dg_core::CoreError::Cancelled => EngineError::Cancelled,
+                other => model_err(other),
+            })?;
+        // The reference's EOS set: the tokenizer's EOS, then config.json's `eos_token_id`.
+        let mut eos: Vec<u32> = tokenizer.eos_token_id().into_iter().collect();
+        eos.extend(model.config().eos_ids());
+        if eos.is_empty() {
+            eos.push(1);
+        }
+        Ok(DiffusionGemma {
+            dir,
+            model,
+            tokenizer,
+            template,
+            pool,
+            eos,
+            checkpoint_settings,
+            reference_settings,
+        })
+    }
+}
+
+fn read_generation_config(dir: &Path) -> Result<GenerationSettings> {
+    let path = dir.join("generation_config.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::File {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            GenerationSettings::resolve(Some(&value)).map_err(|e| EngineError::File {
+                path,
+                reason: e.to_string(),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(GenerationSettings::default()),
+        Err(e) => Err(EngineError::File {
+            path,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// A loaded DiffusionGemma checkpoint. `Send + Sync`: one instance serves many threads.
+pub struct DiffusionGemma {
+    dir: PathBuf,
+    model: TextModel,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    pool: rayon::ThreadPool,
+    eos: Vec<u32>,
+    checkpoint_settings: GenerationSettings,
+    reference_settings: GenerationSettings,
+}
+
+impl std::fmt::Debug for DiffusionGemma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiffusionGemma")
+            .field("dir", &self.dir)
+            .field("threads", &self.pool.current_num_threads())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiffusionGemma {
+    /// Loads a checkpoint directory with default options. The weight files are memory-mapped:
+    /// they must not be modified or truncated while the model is alive.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(dir).load()
+    }
+
+    /// Load options (threads, progress).
+    pub fn builder<'a>(dir: impl AsRef<Path>) -> LoadBuilder<'a> {
+        LoadBuilder {
+            dir: dir.as_ref().to_owned(),
+            threads: None,
+            progress: None,
+        }
+    }
+
+    /// The text model (for research: prefill, single decoder passes).
+    pub fn model(&self) -> &TextModel {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The EOS ids generation stops on (before generation-config additions).
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// The settings a request falls back on for the given source of defaults.
+    pub fn settings(&self, defaults: Defaults) -> &GenerationSettings {
+        match defaults {
+            Defaults::Checkpoint => &self.checkpoint_settings,
+            Defaults::Reference => &self.reference_settings,
+        }
+    }
+
+    /// The prompt's token ids as the request describes them.
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let ids = match prompt {
+            Prompt::Tokens(ids) => ids.clone(),
+            // The reference encodes raw text with `add_special_tokens=True`.
+            Prompt::Text(text) => self.tokenizer.encode(text, true).map_err(EngineError::Tokenize)?,
+            Prompt::Chat(messages) => {
+                let template = self.template.as_ref().ok_or_else(|| EngineError::InvalidArgument {
+                    name: "prompt",
+                    reason: format!("{} has no chat template; send text or token ids", self.dir.display()),
+                })?;
+                let text = template.render(messages, true).map_err(EngineError::Tokenize)?;
+                self.tokenizer.encode(&text, false).map_err(EngineError::Tokenize)?
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::InvalidArgument {
+                name: "prompt",
+                reason: "the prompt has no tokens".into(),
+            });
+        }
+        let vocab = self.model.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::InvalidArgument {
+                name: "prompt",
+                reason: format!("token id {bad} is out of range (vocabulary of {vocab})"),
+            });
+        }
+        Ok(ids)
+    }
+
+    /// Encodes prompt ids into a fresh cache.
+    pub fn prefill(&self, ids: &[u32]) -> Result<KvCache> {
+        self.pool.install(|| {
+            let mut cache = self.model.new_cache();
+            self.model
+                .encode(&mut cache, ids, |_, _| {})
+                .map_err(|e| EngineError::Model(Box::new(e)))?;
+            Ok(cache)
+        })
+    }
+
+    /// One decoder pass over `canvas` after `cache`, returning soft-capped logits
+    /// `[canvas, vocab]` (not divided by any schedule temperature).
+    pub fn decoder_logits(&self, cache: &KvCache, canvas: &[u32], sc: SelfConditioning<'_>) -> Result<Vec<f32>> {
+        self.pool
+            .install(|| self.model.decode(cache, canvas, sc))
+            .map_err(|e| EngineError::Model(Box::new(e)))
+    }
+
+    /// Generates a complete answer.
+    pub fn generate(&self, request: &Request) -> Result<Generation> {
+        self.generate_stream(request, |_| ControlFlow::Continue(()))
+    }
+
+    /// Generates, calling `on_event` for each [`Event`]; returning `ControlFlow::Break(())`
+    /// cancels within one denoising step (the result then has [`FinishReason::Cancelled`]).
+    pub fn generate_stream(
+        &self,
+        request: &Request,
+        mut on_event: impl FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        request.validate()?;
+        let ids = self.prompt_ids(&request.prompt)?;
+        self.pool.install(|| self.run(request, &ids, &mut on_event))
+    }
+
+    fn run(
+        &self,
+        request: &Request,
+        prompt: &[u32],
+        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        let settings = self.settings(request.defaults);
+        let model_err = |e: dg_core::CoreError| EngineError::Model(Box::new(e));
+        let mut eos = self.eos.clone();
+        eos.extend(&settings.extra_eos);
+        let sampler = match request.sampler {
+            Sampler::ConfidenceThreshold { threshold } => BlockSampler::Confidence {
+                threshold: threshold as f64,
+            },
+            Sampler::EntropyBound { bound } => BlockSampler::Entropy {
+                bound: bound.map_or(settings.entropy_bound, f64::from),
+            },
+        };
+        let model_canvas = self.model.config().canvas_length;
+        let max_canvas = if request.full_canvas {
+            model_canvas
+        } else {
+            model_canvas.min(request.max_canvas.unwrap_or(model_canvas))
+        };
+        let min_canvas = max_canvas.min(request.min_canvas.unwrap_or(64));
+        let steps = request.steps.unwrap_or(settings.steps);
+
+        let mut rng = Rng::new(request.seed);
+        let mut stats = Stats {
+            prompt_tokens: prompt.len(),
+            ..Stats::default()
+        };
+        let mut detok = StreamDetokenizer::new(&self.tokenizer);
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        let mut cancelled = false;
+        let mut finish = FinishReason::Length;
+
+        let start = Instant::now();
+        let mut cache = self.model.new_cache();
+        self.model.encode(&mut cache, prompt, |_, _| {}).map_err(model_err)?;
+        stats.prefill_time = start.elapsed();
+        let gen_start = Instant::now();
+        let emit = |event: Event, on_event: &mut dyn FnMut(Event) -> ControlFlow<()>| on_event(event).is_break();
+        if emit(Event::Prefilled { prompt_tokens: prompt.len() }, on_event) {
+            cancelled = true;
+        }
+
+        let mut block = 0;
+        while !cancelled && stats.generated_tokens < request.max_tokens {
+            block += 1;
+            let remaining = request.max_tokens - stats.generated_tokens;
+            let len = if request.full_canvas {
+                model_canvas
+            } else {
+                max_canvas.min(remaining.max(min_canvas))
+            };
+            let params = BlockParams {
+                len,
+                steps,
+                sampler,
+                temperature: request.temperature as f64,
+                t_min: settings.t_min,
+                t_max: settings.t_max,
+                stop: settings.stop,
+            };
+            let mut on_step = |view: crate::canvas::StepView<'_>| {
+                on_event(Event::Draft {
+                    block,
+                    step: view.step,
+                    total_steps: steps,
+                    canvas: view.canvas.iter().map(|&t| t as u32).collect(),
+                    revealed: view.revealed.to_vec(),
+                })
+            };
+            let Some(result) = denoise_block(&self.model, &cache, &params, &mut rng, &mut on_step)? else {
+                cancelled = true;
+                break;
+            };
+            stats.canvases += 1;
+            stats.canvas_tokens += len;
+            stats.denoising_steps += result.steps;
+            stats.steps_per_block.push(result.steps);
+            stats.work_tokens += len * result.steps;
+
+            let mut committed = Vec::new();
+            let mut stopped = false;
+            for &token in &result.tokens {
+                stats.generated_tokens += 1;
+                if eos.contains(&token) {
+                    stopped = true;
+                    finish = FinishReason::Stop;
+                    break;
+                }
+                committed.push(token);
+                let delta = detok.push(token).map_err(EngineError::Tokenize)?;
+                if !delta.is_empty() {
+                    text.push_str(&delta);
+                    if emit(Event::Text(delta), on_event) {
+                        cancelled = true;
+                    }
+                }
+                if stats.generated_tokens >= request.max_tokens {
+                    stopped = true;
+                    finish = FinishReason::Length;
+                    break;
+                }
+            }
+            tokens.extend(&committed);
+            if emit(
+                Event::BlockEnd {
+                    block,
+                    steps: result.steps,
+                    tokens: committed,
+                },
+                on_event,
+            ) {
+                cancelled = true;
+            }
+            if stopped || cancelled {
+                break;
+            }
+            // The committed canvas joins the prompt in the cache for the next block.
+            self.model.encode(&mut cache, &result.tokens, |_, _| {}).map_err(model_err)?;
+        }
+        let tail = detok.finish().map_err(EngineError::Tokenize)?;
+        if !tail.is_empty() {
+            text.push_str(&tail);
+            let _ = on_event(Event::Text(tail));
+        }
+        stats.generation_time = gen_start.elapsed();
+        Ok(Generation {
+            text,
+            token_ids: tokens,
+            finish_reason: if cancelled { FinishReason::Cancelled } else { finish },
+            stats,
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! What to generate: the prompt and every option of the reference's `stream_diffusion_generate`.
+
+use crate::error::{EngineError, Result};
+
+/// One chat message (re-exported from dg-tokenize).
+pub use dg_tokenize::Message;
+
+/// The prompt of a request.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Prompt {
+    /// Chat messages, rendered with the checkpoint's chat template (generation prompt added).
+    Chat(Vec<Message>),
+    /// Raw text, encoded as is (the reference's public `generate` with a string prompt).
+    Text(String),
+    /// Token ids, used as is.
+    Tokens(Vec<u32>),
+}
+
+/// How each denoising step decides which canvas positions to keep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Sampler {
+    /// Keep positions whose token probability reaches `threshold` (at least one per step);
+    /// a block ends when every position is revealed. The reference's public default (0.9).
+    ConfidenceThreshold {
+        /// In `[0, 1]`.
+        threshold: f32,
+    },
+    /// Keep the lowest-entropy positions whose summed entropy (minus the largest) stays within
+    /// the bound; `None` takes the bound from the generation defaults (0.1 in the reference).
+    EntropyBound {
+        /// Entropy budget, `> 0`.
+        bound: Option<f32>,
+    },
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Sampler::ConfidenceThreshold { threshold: 0.9 }
+    }
+}
+
+/// Where generation defaults (steps, schedule, entropy bound, stop rule, extra EOS ids) come
+/// from when a request leaves them unset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Defaults {
+    /// The checkpoint's `generation_config.json`, as HF transformers reads it: what the model's
+    /// authors ship (it enables the stable-and-confident stop, which saves steps).
+    #[default]
+    Checkpoint,
+    /// Exactly what mlx-optiq 0.7.7 does: it never reads `generation_config.json`, only a
+    /// `generation_config` embedded in config.json (normally absent). Use for parity.
+    Reference,
+}
+
+/// A generation request. Build it with [`Request::chat`], [`Request::text`] or
+/// [`Request::tokens`] and adjust fields; every field has the reference's default.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    /// Maximum number of generated tokens (the reference's public default: 512).
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    /// 0 takes the argmax; above 0 samples each step's candidate canvas from the tempered
+    /// distribution.
+    pub temperature: f32,
+    /// Denoising steps per block; `None` uses the generation defaults (48).
+    pub steps: Option<usize>,
+    /// Smallest canvas (64 in the reference), capped by `max_canvas`.
+    pub min_canvas: Option<usize>,
+    /// Largest canvas; `None` is the model's `canvas_length`.
+    pub max_canvas: Option<usize>,
+    /// Always use the model's full canvas length.
+    pub full_canvas: bool,
+    /// Seed of the MLX-compatible random generator.
+    pub seed: u64,
+    pub defaults: Defaults,
+}
+
+impl Request {
+    fn with_prompt(prompt: Prompt) -> Self {
+        Request {
+            prompt,
+            max_tokens: 512,
+            sampler: Sampler::default(),
+            temperature: 0.0,
+            steps: None,
+            min_canvas: None,
+            max_canvas: None,
+            full_canvas: false,
+            seed: 0,
+            defaults: Defaults::default(),
+        }
+    }
+
+    /// A chat request.
+    pub fn chat(messages: Vec<Message>) -> Self {
+        Self::with_prompt(Prompt::Chat(messages))
+    }
+
+    /// A raw-text request (not chat-templated).
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::with_prompt(Prompt::Text(text.into()))
+    }
+
+    /// A request from prompt token ids.
+    pub fn tokens(ids: Vec<u32>) -> Self {
+        Self::with_prompt(Prompt::Tokens(ids))
+    }
+
+    /// Checks every option, naming the one at fault.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &'static str, reason: String| Err(EngineError::InvalidArgument { name, reason });
+        if self.max_tokens == 0 {
+            return bad("max_tokens", "must be at least 1".into());
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature", format!("{} is not a finite value >= 0", self.temperature));
+        }
+        if self.steps == Some(0) {
+            return bad("steps", "must be at least 1".into());
+        }
+        if self.min_canvas == Some(0) {
+            return bad("min_canvas", "must be at least 1".into());
+        }
+        if self.max_canvas == Some(0) {
+            return bad("max_canvas", "must be at least 1".into());
+        }
+        match self.sampler {
+            Sampler::ConfidenceThreshold { threshold } if !(0.0..=1.0).contains(&threshold) => {
+                bad("threshold", format!("{threshold} is outside [0, 1]"))
+            }
+            Sampler::EntropyBound { bound: Some(b) } if !(b > 0.0 && b.is_finite()) => {
+                bad("entropy_bound", format!("{b} is not a finite value > 0"))
+            }
+            _ => Ok(()),
+        }
+    }
+}

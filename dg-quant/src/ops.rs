@@ -1,0 +1,147 @@
+//! Small f32 operations shared by the text model and the vision tower: norms, activations,
+//! softmax and rotary embeddings. They run row by row; callers parallelize at a coarser
+//! grain (positions, heads), because fine-grained parallelism of cheap element-wise work costs
+//! more than it saves on few cores.
+
+/// `mx.fast.rms_norm(x, weight, eps)` over one row: `x * rsqrt(mean(x^2) + eps) * weight`.
+/// `weight = None` is the scale-free norm (`RMSNormNoScale`).
+pub fn rms_norm_row(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean_square + eps).sqrt();
+    match weight {
+        Some(w) => {
+            for ((o, v), w) in out.iter_mut().zip(x).zip(w) {
+                *o = v * inv * w;
+            }
+        }
+        None => {
+            for (o, v) in out.iter_mut().zip(x) {
+                *o = v * inv;
+            }
+        }
+    }
+}
+
+/// RMS norm of every `dim`-wide row of `x`, in place.
+pub fn rms_norm_rows_inplace(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
+    let mut tmp = vec![0.0f32; dim];
+    for row in x.chunks_exact_mut(dim) {
+        rms_norm_row(row, weight, eps, &mut tmp);
+        row.copy_from_slice(&tmp);
+    }
+}
+
+/// RMS norm of every `dim`-wide row of `x` into `out`.
+pub fn rms_norm_rows(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        rms_norm_row(row, weight, eps, o);
+    }
+}
+
+/// `nn.gelu_approx`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// GeGLU: `gelu_tanh(gate) * up`, written into `gate`.
+pub fn geglu_inplace(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// Numerically stable softmax of one row, in place (max-subtracted, f32 accumulation).
+pub fn softmax_inplace(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        // A fully masked row: MLX yields NaN here; we never build one, keep zeros.
+        row.fill(0.0);
+        return;
+    }
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `log(sum(exp(row)))`, max-subtracted.
+pub fn logsumexp(row: &[f32]) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return max;
+    }
+    let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+    max + sum.ln()
+}
+
+/// Rotary embedding in the non-interleaved ("rotate half") layout MLX uses with
+/// `traditional=False`: pairs `(x[i], x[i + half])` for `i < half` are rotated by
+/// `position * inv_freq[i]`. `x` is one head vector of `2 * inv_freq.len()` rotated dims
+/// (the caller passes the rotated slice).
+pub fn rope_rotate_half(x0: &mut [f32], x1: &mut [f32], position: f32, inv_freq: &[f32]) {
+    for ((a, b), f) in x0.iter_mut().zip(x1.iter_mut()).zip(inv_freq) {
+        let theta = position * f;
+        let (sin, cos) = theta.sin_cos();
+        let (va, vb) = (*a, *b);
+        *a = va * cos - vb * sin;
+        *b = va * sin + vb * cos;
+    }
+}
+
+/// Tanh soft cap `tanh(x / cap) * cap`, in f32 (the reference upcasts before capping).
+pub fn softcap_inplace(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = (*v / cap).tanh() * cap;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let w = [1.0f32, 2.0, 0.5, -1.0];
+        let mut out = [0.0f32; 4];
+        rms_norm_row(&x, Some(&w), 1e-6, &mut out);
+        let ms = (1.0 + 4.0 + 9.0 + 0.25) / 4.0;
+        let inv = 1.0 / (ms + 1e-6f32).sqrt();
+        for i in 0..4 {
+            approx::assert_relative_eq!(out[i], x[i] * inv * w[i], max_relative = 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_orders() {
+        let mut row = [1.0f32, 2.0, 3.0, -1e9];
+        softmax_inplace(&mut row);
+        approx::assert_relative_eq!(row.iter().sum::<f32>(), 1.0, max_relative = 1e-6);
+        assert!(row[2] > row[1] && row[1] > row[0] && row[3] == 0.0);
+        approx::assert_relative_eq!(logsumexp(&[0.0, 0.0]), 2f32.ln(), max_relative = 1e-6);
+    }
+
+    #[test]
+    fn rope_rotates_pairs() {
+        let mut a = [1.0f32, 0.0];
+        let mut b = [0.0f32, 1.0];
+        rope_rotate_half(&mut a, &mut b, 2.0, &[std::f32::consts::FRAC_PI_4, 0.0]);
+        approx::assert_abs_diff_eq!(a[0], 0.0, epsilon = 1e-6);
+        approx::assert_abs_diff_eq!(b[0], 1.0, epsilon = 1e-6);
+        assert_eq!((a[1], b[1]), (0.0, 1.0));
+    }
+
+    #[test]
+    fn gelu_known_values() {
+        approx::assert_abs_diff_eq!(gelu_tanh(0.0), 0.0);
+        approx::assert_abs_diff_eq!(gelu_tanh(1.0), 0.841_192, epsilon = 1e-5);
+        approx::assert_abs_diff_eq!(gelu_tanh(-3.0), -0.003_637_4, epsilon = 1e-5);
+    }
+}

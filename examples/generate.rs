@@ -1,0 +1,217 @@
+//! The main job: generate text with DiffusionGemma.
+//!
+//! ```text
+//! cargo run --release --example generate -- --prompt "Write a haiku about rust"
+//! cargo run --release --example generate -- --model path/to/diffusiongemma --prompt "Hi" --live
+//! ```
+//!
+//! Without `--model` it writes a small random-weight checkpoint to a temporary directory and
+//! uses that, so the command works anywhere; its output is noise.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use dg_engine::{Defaults, DiffusionGemma, Event, Message, Request, Sampler};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SamplerArg {
+    ConfidenceThreshold,
+    EntropyBound,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Generate text with DiffusionGemma (block diffusion, MoE) in pure Rust")]
+struct Args {
+    /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json, ...). Without it a
+    /// small random checkpoint is written and used: its output is noise.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt text, chat-templated as one user turn (see --raw).
+    #[arg(long, default_value = "Write a haiku about the sea.")]
+    prompt: String,
+    /// Send --prompt as is, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// Comma-separated prompt token ids (overrides --prompt).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    #[arg(long, value_enum, default_value = "confidence-threshold")]
+    sampler: SamplerArg,
+    /// Confidence threshold of the confidence-threshold sampler.
+    #[arg(long, default_value_t = 0.9)]
+    threshold: f32,
+    /// Entropy bound of the entropy-bound sampler (default: the generation config's).
+    #[arg(long)]
+    entropy_bound: Option<f32>,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Denoising steps per block (default: the generation config's, else 48).
+    #[arg(long)]
+    steps: Option<usize>,
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Worker threads (default: physical cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Use the reference's generation defaults (mlx-optiq ignores generation_config.json).
+    #[arg(long)]
+    reference_defaults: bool,
+    /// Show the canvas un-masking step by step.
+    #[arg(long)]
+    live: bool,
+    /// Print one JSON object (token ids, text, steps per block, finish reason, stats).
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let _tmp;
+    let dir = match &args.model {
+        Some(dir) => dir.clone(),
+        None => {
+            let tmp = tempfile::tempdir()?;
+            dg_core::synthetic::write_checkpoint(tmp.path(), &dg_core::synthetic::SyntheticSpec::default())?;
+            if !args.json {
+                eprintln!("No --model given: using a small RANDOM-weight checkpoint; its output is noise.");
+            }
+            let path = tmp.path().to_owned();
+            _tmp = tmp;
+            path
+        }
+    };
+
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").context("progress style")?,
+    );
+    if args.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut builder = DiffusionGemma::builder(&dir).progress(|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        true
+    });
+    if let Some(threads) = args.threads {
+        builder = builder.threads(threads);
+    }
+    let model = builder.load().with_context(|| format!("loading {}", dir.display()))?;
+    bar.finish_and_clear();
+
+    let mut request = if let Some(ids) = &args.prompt_ids {
+        Request::tokens(ids.clone())
+    } else if args.raw {
+        Request::text(args.prompt.clone())
+    } else {
+        Request::chat(vec![Message::user(args.prompt.clone())])
+    };
+    request.sampler = match args.sampler {
+        SamplerArg::ConfidenceThreshold => Sampler::ConfidenceThreshold {
+            threshold: args.threshold,
+        },
+        SamplerArg::EntropyBound => Sampler::EntropyBound {
+            bound: args.entropy_bound,
+        },
+    };
+    request.temperature = args.temperature;
+    request.steps = args.steps;
+    request.max_tokens = args.max_tokens;
+    request.seed = args.seed;
+    if args.reference_defaults {
+        request.defaults = Defaults::Reference;
+    }
+
+    let stdout = std::io::stdout();
+    let mut live_lines = 0usize;
+    let result = model.generate_stream(&request, |event| {
+        if args.json {
+            return ControlFlow::Continue(());
+        }
+        let mut out = stdout.lock();
+        match event {
+            Event::Draft {
+                block,
+                step,
+                total_steps,
+                canvas,
+                revealed,
+                ..
+            } if args.live => {
+                let shown: Vec<u32> = canvas
+                    .iter()
+                    .zip(&revealed)
+                    .map(|(&t, &r)| if r { t } else { u32::MAX })
+                    .collect();
+                let text = render_draft(&model, &shown);
+                let _ = write!(out, "\r\x1b[2K[block {block} step {step}/{total_steps}] {text}");
+                live_lines = 1;
+            }
+            Event::Text(delta) => {
+                if live_lines > 0 {
+                    let _ = write!(out, "\r\x1b[2K");
+                    live_lines = 0;
+                }
+                let _ = write!(out, "{delta}");
+            }
+            _ => {}
+        }
+        let _ = out.flush();
+        ControlFlow::Continue(())
+    })?;
+
+    if args.json {
+        let json = serde_json::json!({
+            "token_ids": result.token_ids,
+            "text": result.text,
+            "steps_per_block": result.stats.steps_per_block,
+            "finish_reason": result.finish_reason,
+            "stats": result.stats,
+        });
+        println!("{json}");
+    } else {
+        let s = &result.stats;
+        println!();
+        eprintln!(
+            "[{:?}] {} prompt tokens ({:.1} tok/s), {} generated ({:.1} tok/s), {} blocks, {} steps, {:.1} work token-steps/s",
+            result.finish_reason,
+            s.prompt_tokens,
+            s.prompt_tps(),
+            s.generated_tokens,
+            s.generation_tps(),
+            s.canvases,
+            s.denoising_steps,
+            s.work_tps()
+        );
+    }
+    if result.token_ids.is_empty() && !args.json {
+        eprintln!("(the model produced an empty answer)");
+    }
+    Ok(())
+}
+
+/// Revealed tokens as text, unrevealed ones as a block character.
+fn render_draft(model: &DiffusionGemma, shown: &[u32]) -> String {
+    let mut out = String::new();
+    let mut run = Vec::new();
+    for &t in shown {
+        if t == u32::MAX {
+            if !run.is_empty() {
+                out.push_str(&model.tokenizer().decode(&run, true).unwrap_or_default());
+                run.clear();
+            }
+            out.push('░');
+        } else {
+            run.push(t);
+        }
+    }
+    if !run.is_empty() {
+        out.push_str(&model.tokenizer().decode(&run, true).unwrap_or_default());
+    }
+    out.replace('\n', "⏎")
+}
