@@ -69,7 +69,12 @@ impl<T: bytemuck::Pod> Buf<T> {
 
 impl<T: bytemuck::Pod> std::fmt::Debug for Buf<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Buf(len={}, mapped={})", self.as_slice().len(), self.is_mapped())
+        write!(
+            f,
+            "Buf(len={}, mapped={})",
+            self.as_slice().len(),
+            self.is_mapped()
+        )
     }
 }
 
@@ -96,7 +101,9 @@ pub fn sanitize_name(name: &str, opts: SanitizeOptions) -> Option<String> {
     if name.contains("rotary_emb") || name == "lm_head.weight" {
         return None;
     }
-    if name.starts_with("model.encoder.embed_vision.") || name.starts_with("model.encoder.vision_tower.") {
+    if name.starts_with("model.encoder.embed_vision.")
+        || name.starts_with("model.encoder.vision_tower.")
+    {
         if !opts.has_vision_tower {
             return None;
         }
@@ -176,14 +183,18 @@ impl Checkpoint {
         };
         let file = Arc::new(MappedFile::open(path)?);
         let bytes = file.bytes();
-        let (header_len, metadata) =
-            SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| bad(format!("bad safetensors header: {e}")))?;
         let data_start = 8 + header_len;
         let shard = self.shards.len();
         for (stored_name, info) in metadata.tensors() {
             let (start, end) = info.data_offsets;
-            let size = dtype_size(info.dtype)
-                .ok_or_else(|| bad(format!("tensor {stored_name}: unsupported dtype {:?}", info.dtype)))?;
+            let size = dtype_size(info.dtype).ok_or_else(|| {
+                bad(format!(
+                    "tensor {stored_name}: unsupported dtype {:?}",
+                    info.dtype
+                ))
+            })?;
             let elems: usize = info.shape.iter().product();
             if end < start || end - start != elems * size {
                 return Err(bad(format!(
@@ -232,10 +243,12 @@ impl Checkpoint {
 
     /// A tensor's entry, or a `MissingTensor` error.
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, CoreError> {
-        self.tensors.get(name).ok_or_else(|| CoreError::MissingTensor {
-            name: name.to_owned(),
-            dir: self.dir.clone(),
-        })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| CoreError::MissingTensor {
+                name: name.to_owned(),
+                dir: self.dir.clone(),
+            })
     }
 
     fn shard_path(&self, e: &TensorEntry) -> &Path {
@@ -252,7 +265,11 @@ impl Checkpoint {
 
     fn expect_shape(&self, name: &str, e: &TensorEntry, shape: &[usize]) -> Result<(), CoreError> {
         if e.shape != shape {
-            return Err(self.bad(name, e, format!("shape {:?}, expected {:?}", e.shape, shape)));
+            return Err(self.bad(
+                name,
+                e,
+                format!("shape {:?}, expected {:?}", e.shape, shape),
+            ));
         }
         Ok(())
     }
@@ -279,12 +296,19 @@ impl Checkpoint {
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect(),
-            other => return Err(self.bad(name, e, format!("dtype {other:?}, expected a float type"))),
+            other => {
+                return Err(self.bad(name, e, format!("dtype {other:?}, expected a float type")))
+            }
         })
     }
 
     /// A tensor of the given dtype and shape, read in place when aligned.
-    fn buf<T: bytemuck::Pod>(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<Buf<T>, CoreError> {
+    fn buf<T: bytemuck::Pod>(
+        &self,
+        name: &str,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<Buf<T>, CoreError> {
         let e = self.entry(name)?;
         if e.dtype != dtype {
             return Err(self.bad(name, e, format!("dtype {:?}, expected {dtype:?}", e.dtype)));
@@ -300,7 +324,9 @@ impl Checkpoint {
             });
         }
         // Misaligned in the file: copy once into an aligned buffer.
-        Ok(Buf::owned(bytemuck::pod_collect_to_vec(raw)))
+        let mut owned = vec![T::zeroed(); raw.len() / std::mem::size_of::<T>()];
+        bytemuck::cast_slice_mut::<T, u8>(&mut owned).copy_from_slice(raw);
+        Ok(Buf::owned(owned))
     }
 
     /// A packed quantized weight (`uint32`).
@@ -317,8 +343,16 @@ impl Checkpoint {
             Dtype::F32 | Dtype::F16 => {
                 let values = self.f32(name, shape)?;
                 let converted: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
-                if converted.iter().zip(&values).any(|(b, v)| b.to_f32() != *v && !v.is_nan()) {
-                    return Err(self.bad(name, e, "scales/biases must be exactly representable in bf16".into()));
+                if converted
+                    .iter()
+                    .zip(&values)
+                    .any(|(b, v)| b.to_f32() != *v && !v.is_nan())
+                {
+                    return Err(self.bad(
+                        name,
+                        e,
+                        "scales/biases must be exactly representable in bf16".into(),
+                    ));
                 }
                 Ok(Buf::owned(converted))
             }
@@ -343,9 +377,16 @@ fn check_index(dir: &Path, shards: &[PathBuf]) -> Result<(), CoreError> {
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("no weight_map object".into()))?;
     for (tensor, file) in map {
-        let file = file.as_str().ok_or_else(|| bad(format!("weight_map[{tensor}] is not a string")))?;
-        if !shards.iter().any(|p| p.file_name().and_then(|n| n.to_str()) == Some(file)) {
-            return Err(bad(format!("weight_map[{tensor}] names {file}, which is missing")));
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor}] is not a string")))?;
+        if !shards
+            .iter()
+            .any(|p| p.file_name().and_then(|n| n.to_str()) == Some(file))
+        {
+            return Err(bad(format!(
+                "weight_map[{tensor}] names {file}, which is missing"
+            )));
         }
     }
     Ok(())
@@ -362,22 +403,37 @@ mod tests {
             use_clipped_linears: false,
         };
         assert_eq!(sanitize_name("lm_head.weight", text), None);
-        assert_eq!(sanitize_name("model.decoder.rotary_emb.inv_freq", text), None);
+        assert_eq!(
+            sanitize_name("model.decoder.rotary_emb.inv_freq", text),
+            None
+        );
         assert_eq!(
             sanitize_name("model.encoder.language_model.layers.3.layer_scalar", text).as_deref(),
             Some("model.encoder.language_model.layers.3.layer_scalar")
         );
-        assert_eq!(sanitize_name("model.encoder.language_model.layers.3.mlp.up_proj.weight", text), None);
+        assert_eq!(
+            sanitize_name(
+                "model.encoder.language_model.layers.3.mlp.up_proj.weight",
+                text
+            ),
+            None
+        );
         assert_eq!(
             sanitize_name("model.decoder.layers.0.experts.gate_up_proj", text).as_deref(),
             Some("model.decoder.layers.0.experts.gate_up_proj.weight")
         );
-        assert_eq!(sanitize_name("model.encoder.vision_tower.x.weight", text), None);
+        assert_eq!(
+            sanitize_name("model.encoder.vision_tower.x.weight", text),
+            None
+        );
         let vision = SanitizeOptions {
             has_vision_tower: true,
             use_clipped_linears: false,
         };
         assert!(sanitize_name("model.encoder.vision_tower.x.weight", vision).is_some());
-        assert_eq!(sanitize_name("model.encoder.vision_tower.x.input_max", vision), None);
+        assert_eq!(
+            sanitize_name("model.encoder.vision_tower.x.input_max", vision),
+            None
+        );
     }
 }

@@ -138,7 +138,9 @@ impl TextConfig {
         }
         let mut pattern = [LayerType::SlidingAttention; 6];
         pattern[5] = LayerType::FullAttention;
-        let mut types: Vec<LayerType> = (0..self.num_hidden_layers).map(|i| pattern[i % 6]).collect();
+        let mut types: Vec<LayerType> = (0..self.num_hidden_layers)
+            .map(|i| pattern[i % 6])
+            .collect();
         if let Some(last) = types.last_mut() {
             *last = LayerType::FullAttention;
         }
@@ -216,14 +218,18 @@ impl QuantizationConfig {
     fn parse(value: &serde_json::Value) -> Result<Self, String> {
         let map = value.as_object().ok_or("`quantization` is not an object")?;
         let num = |v: &serde_json::Value, what: &str| -> Result<u64, String> {
-            v.as_u64().ok_or(format!("`quantization.{what}` is not an integer"))
+            v.as_u64()
+                .ok_or(format!("`quantization.{what}` is not an integer"))
         };
         let mut out = QuantizationConfig {
             mode: "affine".into(),
             ..Default::default()
         };
         let bits = map.get("bits").map(|v| num(v, "bits")).transpose()?;
-        let group = map.get("group_size").map(|v| num(v, "group_size")).transpose()?;
+        let group = map
+            .get("group_size")
+            .map(|v| num(v, "group_size"))
+            .transpose()?;
         if let Some(bits) = bits {
             out.default = Some(QuantEntry {
                 bits: bits as u32,
@@ -231,7 +237,10 @@ impl QuantizationConfig {
             });
         }
         if let Some(mode) = map.get("mode") {
-            out.mode = mode.as_str().ok_or("`quantization.mode` is not a string")?.into();
+            out.mode = mode
+                .as_str()
+                .ok_or("`quantization.mode` is not a string")?
+                .into();
         }
         for (key, v) in map {
             if matches!(key.as_str(), "bits" | "group_size" | "mode") {
@@ -241,14 +250,20 @@ impl QuantizationConfig {
                 serde_json::Value::Bool(false) => None,
                 serde_json::Value::Bool(true) => out.default,
                 serde_json::Value::Object(m) => {
-                    let bits = m.get("bits").map(|b| num(b, &format!("{key}.bits"))).transpose()?;
+                    let bits = m
+                        .get("bits")
+                        .map(|b| num(b, &format!("{key}.bits")))
+                        .transpose()?;
                     let group = m
                         .get("group_size")
                         .map(|g| num(g, &format!("{key}.group_size")))
                         .transpose()?;
                     let default = out.default;
                     Some(QuantEntry {
-                        bits: bits.map(|b| b as u32).or(default.map(|d| d.bits)).unwrap_or(4),
+                        bits: bits
+                            .map(|b| b as u32)
+                            .or(default.map(|d| d.bits))
+                            .unwrap_or(4),
                         group_size: group
                             .map(|g| g as usize)
                             .or(default.map(|d| d.group_size))
@@ -449,7 +464,10 @@ impl ModelConfig {
 
     /// The EOS set the reference engine stops on: `[tokenizer eos] + config.eos_token_id`.
     pub fn eos_ids(&self) -> Vec<u32> {
-        self.eos_token_id.as_ref().map(TokenIds::to_vec).unwrap_or_default()
+        self.eos_token_id
+            .as_ref()
+            .map(TokenIds::to_vec)
+            .unwrap_or_default()
     }
 }
 
@@ -464,7 +482,10 @@ mod tests {
         assert_eq!(types.len(), 30);
         assert_eq!(types[5], LayerType::FullAttention);
         assert_eq!(types[4], LayerType::SlidingAttention);
-        assert_eq!(c.text.rope(LayerType::FullAttention).partial_rotary_factor, 0.25);
+        assert_eq!(
+            c.text.rope(LayerType::FullAttention).partial_rotary_factor,
+            0.25
+        );
         assert_eq!(c.canvas_length, 256);
         assert_eq!(c.text.head_dim_of(LayerType::FullAttention), 512);
         assert_eq!(c.text.kv_heads_of(LayerType::FullAttention), 2);
@@ -487,7 +508,9 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("top_k_experts"), "{err}");
-        let err = ModelConfig::from_json_str(r#"{"model_type": "llama"}"#).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(r#"{"model_type": "llama"}"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model_type"), "{err}");
     }
 
@@ -500,10 +523,19 @@ mod tests {
         )
         .unwrap();
         let q = c.quantization.unwrap();
-        assert_eq!(q.default, Some(QuantEntry { bits: 4, group_size: 64 }));
+        assert_eq!(
+            q.default,
+            Some(QuantEntry {
+                bits: 4,
+                group_size: 64
+            })
+        );
         assert_eq!(
             q.modules["model.decoder.layers.0.mlp.gate_proj"],
-            Some(QuantEntry { bits: 8, group_size: 64 })
+            Some(QuantEntry {
+                bits: 8,
+                group_size: 64
+            })
         );
         assert_eq!(q.modules["model.encoder.vision_tower.x"], None);
     }

@@ -95,12 +95,24 @@ impl Writer {
     }
 
     fn put_bf16(&mut self, name: &str, shape: &[usize], values: &[f32]) {
-        let bytes = values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
-        self.tensors.insert(name.into(), (Dtype::BF16, shape.to_vec(), bytes));
+        let bytes = values
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        self.tensors
+            .insert(name.into(), (Dtype::BF16, shape.to_vec(), bytes));
     }
 
     /// Quantizes `[lead.., rows, cols]` weights and stores weight/scales/biases like MLX.
-    fn put_quantized(&mut self, path: &str, lead: &[usize], rows: usize, cols: usize, w: &[f32], bits: u32) -> Result<(), CoreError> {
+    fn put_quantized(
+        &mut self,
+        path: &str,
+        lead: &[usize],
+        rows: usize,
+        cols: usize,
+        w: &[f32],
+        bits: u32,
+    ) -> Result<(), CoreError> {
         let spec = dg_quant::QuantSpec::new(bits, 64).map_err(|source| CoreError::Quant {
             name: path.into(),
             source,
@@ -113,9 +125,11 @@ impl Writer {
                 .iter()
                 .map(|v| bf16::from_f32(*v).to_f32())
                 .collect();
-            let q = dg_quant::quantize(&block, rows, cols, spec).map_err(|source| CoreError::Quant {
-                name: path.into(),
-                source,
+            let q = dg_quant::quantize(&block, rows, cols, spec).map_err(|source| {
+                CoreError::Quant {
+                    name: path.into(),
+                    source,
+                }
             })?;
             packed.extend(q.packed);
             scales.extend(q.scales);
@@ -124,12 +138,20 @@ impl Writer {
         let shape = |last: usize| [lead, &[rows, last]].concat();
         self.tensors.insert(
             format!("{path}.weight"),
-            (Dtype::U32, shape(cols * bits as usize / 32), bytemuck::cast_slice(&packed).to_vec()),
+            (
+                Dtype::U32,
+                shape(cols * bits as usize / 32),
+                bytemuck::cast_slice(&packed).to_vec(),
+            ),
         );
         for (suffix, values) in [("scales", scales), ("biases", biases)] {
             self.tensors.insert(
                 format!("{path}.{suffix}"),
-                (Dtype::BF16, shape(cols / 64), bytemuck::cast_slice(&values).to_vec()),
+                (
+                    Dtype::BF16,
+                    shape(cols / 64),
+                    bytemuck::cast_slice(&values).to_vec(),
+                ),
             );
         }
         if bits != 4 {
@@ -139,7 +161,14 @@ impl Writer {
         Ok(())
     }
 
-    fn linear(&mut self, path: &str, out: usize, inp: usize, gain: f32, bits: u32) -> Result<(), CoreError> {
+    fn linear(
+        &mut self,
+        path: &str,
+        out: usize,
+        inp: usize,
+        gain: f32,
+        bits: u32,
+    ) -> Result<(), CoreError> {
         let w = self.randn(out * inp, gain / (inp as f32).sqrt());
         self.put_quantized(path, &[], out, inp, &w, bits)
     }
@@ -181,7 +210,14 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
         let row = w.randn(h, norm / (h as f32).sqrt());
         embed.extend(row);
     }
-    w.put_quantized("model.decoder.embed_tokens", &[], s.vocab_size, h, &embed, 4)?;
+    w.put_quantized(
+        "model.decoder.embed_tokens",
+        &[],
+        s.vocab_size,
+        h,
+        &embed,
+        4,
+    )?;
     w.norm("model.decoder.norm", h, 1.5, 2.5, true);
 
     let pattern_full = |i: usize| i % 6 == 5 || i + 1 == s.num_hidden_layers;
@@ -202,19 +238,55 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
         w.linear(&format!("{p}.self_attn.o_proj"), h, heads * hd, 1.0, 8)?;
         w.norm(&format!("{p}.self_attn.q_norm"), hd, 0.4, 0.7, false);
         w.norm(&format!("{p}.self_attn.k_norm"), hd, 0.4, 0.7, false);
-        w.linear(&format!("{p}.mlp.gate_proj"), s.intermediate_size, h, 1.0, 8)?;
+        w.linear(
+            &format!("{p}.mlp.gate_proj"),
+            s.intermediate_size,
+            h,
+            1.0,
+            8,
+        )?;
         w.linear(&format!("{p}.mlp.up_proj"), s.intermediate_size, h, 1.0, 8)?;
-        w.linear(&format!("{p}.mlp.down_proj"), h, s.intermediate_size, 1.0, 8)?;
+        w.linear(
+            &format!("{p}.mlp.down_proj"),
+            h,
+            s.intermediate_size,
+            1.0,
+            8,
+        )?;
         w.linear(&format!("{p}.router.proj"), s.num_experts, h, 4.0, 8)?;
         w.norm(&format!("{p}.router.scale"), h, 0.8, 1.2, false);
-        let per_expert: Vec<f32> = (0..s.num_experts).map(|_| w.rng.gen_range(0.5..1.5)).collect();
-        w.put_bf16(&format!("{p}.router.per_expert_scale"), &[s.num_experts], &per_expert);
+        let per_expert: Vec<f32> = (0..s.num_experts)
+            .map(|_| w.rng.gen_range(0.5..1.5))
+            .collect();
+        w.put_bf16(
+            &format!("{p}.router.per_expert_scale"),
+            &[s.num_experts],
+            &per_expert,
+        );
         let m = s.moe_intermediate_size;
         let gate_up = w.randn(s.num_experts * 2 * m * h, 1.0 / (h as f32).sqrt());
-        w.put_quantized(&format!("{p}.experts.gate_up_proj"), &[s.num_experts], 2 * m, h, &gate_up, 4)?;
+        w.put_quantized(
+            &format!("{p}.experts.gate_up_proj"),
+            &[s.num_experts],
+            2 * m,
+            h,
+            &gate_up,
+            4,
+        )?;
         let down = w.randn(s.num_experts * h * m, 1.0 / (m as f32).sqrt());
-        w.put_quantized(&format!("{p}.experts.down_proj"), &[s.num_experts], h, m, &down, 4)?;
-        for norm in ["input_layernorm", "pre_feedforward_layernorm", "pre_feedforward_layernorm_2"] {
+        w.put_quantized(
+            &format!("{p}.experts.down_proj"),
+            &[s.num_experts],
+            h,
+            m,
+            &down,
+            4,
+        )?;
+        for norm in [
+            "input_layernorm",
+            "pre_feedforward_layernorm",
+            "pre_feedforward_layernorm_2",
+        ] {
             w.norm(&format!("{p}.{norm}"), h, 0.8, 1.2, false);
         }
         for norm in [
@@ -228,7 +300,11 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
         let scalar = w.rng.gen_range(0.8..1.2);
         w.put_bf16(&format!("{p}.layer_scalar"), &[1], &[scalar]);
         let scalar = w.rng.gen_range(0.8..1.2);
-        w.put_bf16(&format!("model.encoder.language_model.layers.{i}.layer_scalar"), &[1], &[scalar]);
+        w.put_bf16(
+            &format!("model.encoder.language_model.layers.{i}.layer_scalar"),
+            &[1],
+            &[scalar],
+        );
     }
     let sc = "model.decoder.self_conditioning";
     w.norm(&format!("{sc}.pre_norm"), h, 0.8, 1.2, false);
@@ -254,7 +330,10 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
     Ok(())
 }
 
-fn config_json(s: &SyntheticSpec, overrides: &BTreeMap<String, serde_json::Value>) -> serde_json::Value {
+fn config_json(
+    s: &SyntheticSpec,
+    overrides: &BTreeMap<String, serde_json::Value>,
+) -> serde_json::Value {
     let mut quant = json!({"group_size": 64, "bits": 4, "mode": "affine"});
     for (k, v) in overrides {
         quant[k] = v.clone();
@@ -304,8 +383,10 @@ fn byte_level_tokenizer(vocab_size: usize) -> serde_json::Value {
     let mut added = Vec::new();
     for (tok, id) in SPECIALS {
         vocab.insert(tok.into(), json!(id));
-        added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}));
+        added.push(
+            json!({"id": id, "content": tok, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}),
+        );
     }
     let mut next = 8u32;
     let used: Vec<u32> = SPECIALS.iter().map(|s| s.1).collect();
@@ -338,7 +419,10 @@ fn byte_level_tokenizer(vocab_size: usize) -> serde_json::Value {
 
 /// The GPT-2 byte-to-unicode table used by byte-level BPE.
 fn gpt2_byte_chars() -> Vec<char> {
-    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut extra = 0;
     let mut chars = vec!['\0'; 256];
     for b in 0..256u32 {
@@ -355,7 +439,8 @@ fn gpt2_byte_chars() -> Vec<char> {
 
 fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<(), CoreError> {
     let path = dir.join(name);
-    let text = serde_json::to_string_pretty(value).map_err(|e| CoreError::InvalidInput(e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(value).map_err(|e| CoreError::InvalidInput(e.to_string()))?;
     std::fs::write(&path, text).map_err(|source| CoreError::Io { path, source })
 }
 
@@ -367,7 +452,10 @@ fn write_tensors(
     let names: Vec<&String> = tensors.keys().collect();
     let per_shard = names.len().div_ceil(shards);
     let mut weight_map = serde_json::Map::new();
-    let metadata = Some(std::collections::HashMap::from([("format".to_string(), "mlx".to_string())]));
+    let metadata = Some(std::collections::HashMap::from([(
+        "format".to_string(),
+        "mlx".to_string(),
+    )]));
     let total: usize = tensors.values().map(|t| t.2.len()).sum();
     for (i, chunk) in names.chunks(per_shard.max(1)).enumerate() {
         let file = if shards == 1 {
@@ -388,9 +476,11 @@ fn write_tensors(
             weight_map.insert((*name).clone(), json!(file));
         }
         let path = dir.join(&file);
-        safetensors::serialize_to_file(views, metadata.clone(), &path).map_err(|e| CoreError::Checkpoint {
-            path: path.clone(),
-            reason: e.to_string(),
+        safetensors::serialize_to_file(views, metadata.clone(), &path).map_err(|e| {
+            CoreError::Checkpoint {
+                path: path.clone(),
+                reason: e.to_string(),
+            }
         })?;
     }
     if shards > 1 {

@@ -35,7 +35,11 @@ fn assert_close(what: &str, ours: &[f32], golden: &[f32], bound: f32) {
 
 fn assert_logits(what: &str, ours: &[f32], golden: &[f32], vocab: usize) {
     assert_close(what, ours, golden, LOGIT_BOUND);
-    assert_eq!(argmax_rows(ours, vocab), argmax_rows(golden, vocab), "{what}: argmax differs");
+    assert_eq!(
+        argmax_rows(ours, vocab),
+        argmax_rows(golden, vocab),
+        "{what}: argmax differs"
+    );
 }
 
 /// Compares our cache (trimmed to what later queries can see) with the reference's, whose
@@ -51,12 +55,20 @@ fn check_cache(g: &Goldens, case: &str, model: &TextModel, cache: &dg_core::KvCa
             assert!(layer.len() <= t, "{name}: we keep more than the reference");
             let golden = g.f32(&name);
             for h in 0..heads {
-                let ours = if kind == "keys" { layer.keys(h) } else { layer.values(h) };
+                let ours = if kind == "keys" {
+                    layer.keys(h)
+                } else {
+                    layer.values(h)
+                };
                 let tail = &golden[(h * t + t - layer.len()) * hd..(h + 1) * t * hd];
                 assert_close(&format!("{name}[head {h}]"), ours, tail, STATE_BOUND);
             }
         }
-        assert_eq!(layer.positions().end, cache.offset(), "layer {i} ends at the offset");
+        assert_eq!(
+            layer.positions().end,
+            cache.offset(),
+            "layer {i} ends at the offset"
+        );
     }
     let _ = model;
 }
@@ -70,30 +82,63 @@ fn check_case(model: &TextModel, g: &Goldens, case: &str) -> dg_core::KvCache {
         .encode(&mut cache, &prompt, |i, h| layers.push((i, h.to_vec())))
         .expect("encode");
     for (i, h) in &layers {
-        assert_close(&format!("{case}.encoder.layer.{i}"), h, g.f32(&format!("{case}.encoder.layer.{i}")), STATE_BOUND);
+        assert_close(
+            &format!("{case}.encoder.layer.{i}"),
+            h,
+            g.f32(&format!("{case}.encoder.layer.{i}")),
+            STATE_BOUND,
+        );
     }
-    assert_close(&format!("{case}.encoder.final"), &final_hidden, g.f32(&format!("{case}.encoder.final")), STATE_BOUND);
+    assert_close(
+        &format!("{case}.encoder.final"),
+        &final_hidden,
+        g.f32(&format!("{case}.encoder.final")),
+        STATE_BOUND,
+    );
     check_cache(g, case, model, &cache);
     check_decoder(model, g, case, &cache, vocab);
     cache
 }
 
-fn check_decoder(model: &TextModel, g: &Goldens, case: &str, cache: &dg_core::KvCache, vocab: usize) {
+fn check_decoder(
+    model: &TextModel,
+    g: &Goldens,
+    case: &str,
+    cache: &dg_core::KvCache,
+    vocab: usize,
+) {
     let canvas = g.ids(&format!("{case}.canvas_ids"));
-    let logits = model.decode(cache, &canvas, SelfConditioning::None).expect("decode");
-    assert_logits(&format!("{case}.logits"), &logits, g.f32(&format!("{case}.logits")), vocab);
+    let logits = model
+        .decode(cache, &canvas, SelfConditioning::None)
+        .expect("decode");
+    assert_logits(
+        &format!("{case}.logits"),
+        &logits,
+        g.f32(&format!("{case}.logits")),
+        vocab,
+    );
 
     let sc_logits = g.f32(&format!("{case}.sc_logits_in"));
     let with_logits = model
         .decode(cache, &canvas, SelfConditioning::Logits(sc_logits))
         .expect("decode with self-conditioning logits");
-    assert_logits(&format!("{case}.logits_sc_logits"), &with_logits, g.f32(&format!("{case}.logits_sc_logits")), vocab);
+    assert_logits(
+        &format!("{case}.logits_sc_logits"),
+        &with_logits,
+        g.f32(&format!("{case}.logits_sc_logits")),
+        vocab,
+    );
 
     let sc_emb = g.f32(&format!("{case}.sc_embeddings_in"));
     let with_emb = model
         .decode(cache, &canvas, SelfConditioning::Embeddings(sc_emb))
         .expect("decode with self-conditioning embeddings");
-    assert_logits(&format!("{case}.logits_sc_emb"), &with_emb, g.f32(&format!("{case}.logits_sc_emb")), vocab);
+    assert_logits(
+        &format!("{case}.logits_sc_emb"),
+        &with_emb,
+        g.f32(&format!("{case}.logits_sc_emb")),
+        vocab,
+    );
     // Self-conditioning must matter, or the tests above could not catch a broken block.
     assert!(max_abs_diff(&logits, &with_emb) > 10.0 * LOGIT_BOUND * max_abs(&logits));
 }
@@ -112,11 +157,20 @@ fn long_prompt_and_continuation_match_reference() {
     let mut cache = check_case(&model, &g, "long");
     // Append a committed block with an encoder continuation pass, as the engine does.
     let block = g.ids("cont.block_ids");
-    model.encode(&mut cache, &block, |_, _| {}).expect("continuation");
+    model
+        .encode(&mut cache, &block, |_, _| {})
+        .expect("continuation");
     check_cache(&g, "cont", &model, &cache);
     let canvas = g.ids("cont.canvas_ids");
-    let logits = model.decode(&cache, &canvas, SelfConditioning::None).expect("decode");
-    assert_logits("cont.logits", &logits, g.f32("cont.logits"), model.vocab_size());
+    let logits = model
+        .decode(&cache, &canvas, SelfConditioning::None)
+        .expect("decode");
+    assert_logits(
+        "cont.logits",
+        &logits,
+        g.f32("cont.logits"),
+        model.vocab_size(),
+    );
 }
 
 #[test]
@@ -140,12 +194,17 @@ fn bf16_reference_within_its_own_noise() {
         let mut cache = model.new_cache();
         model.encode(&mut cache, &prompt, |_, _| {}).unwrap();
         let canvas = g.ids(&format!("{case}.canvas_ids"));
-        let ours = model.decode(&cache, &canvas, SelfConditioning::None).unwrap();
+        let ours = model
+            .decode(&cache, &canvas, SelfConditioning::None)
+            .unwrap();
         let bf16 = g.f32(&format!("bf16.{case}.logits"));
         let f32_ref = g.f32(&format!("{case}.logits"));
         let noise = relative_rms(f32_ref, bf16);
         let ours_rms = relative_rms(&ours, bf16);
-        assert!(noise > 0.0, "{case}: the bf16 golden should differ from the f32 one");
+        assert!(
+            noise > 0.0,
+            "{case}: the bf16 golden should differ from the f32 one"
+        );
         assert!(
             ours_rms <= 1.05 * noise,
             "{case}: relative RMS to bf16 {ours_rms:e} exceeds its own noise {noise:e}"
@@ -161,7 +220,11 @@ fn bf16_reference_within_its_own_noise() {
             let margin = sorted[0] - sorted[1];
             let row_noise = max_abs_diff(f, b);
             if margin > 2.0 * row_noise {
-                assert_eq!(argmax_rows(o, vocab), argmax_rows(b, vocab), "{case} row {row}");
+                assert_eq!(
+                    argmax_rows(o, vocab),
+                    argmax_rows(b, vocab),
+                    "{case} row {row}"
+                );
             }
         }
     }

@@ -56,7 +56,12 @@ struct Projected {
 }
 
 impl Attention {
-    fn project(&self, x: &[f32], len: usize, first_position: usize) -> Result<Projected, CoreError> {
+    fn project(
+        &self,
+        x: &[f32],
+        len: usize,
+        first_position: usize,
+    ) -> Result<Projected, CoreError> {
         let hd = self.head_dim;
         let q = self.q_proj.forward(x, len)?;
         let k = self.k_proj.forward(x, len)?;
@@ -64,21 +69,22 @@ impl Attention {
             Some(v_proj) => v_proj.forward(x, len)?,
             None => k.clone(),
         };
-        let split = |flat: &[f32], heads: usize, norm: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
-            (0..heads)
-                .map(|h| {
-                    let mut out = vec![0.0f32; len * hd];
-                    for (t, o) in out.chunks_exact_mut(hd).enumerate() {
-                        let src = &flat[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                        ops::rms_norm_row(src, norm, self.eps, o);
-                        if rope {
-                            self.rope.apply(o, first_position + t);
+        let split =
+            |flat: &[f32], heads: usize, norm: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
+                (0..heads)
+                    .map(|h| {
+                        let mut out = vec![0.0f32; len * hd];
+                        for (t, o) in out.chunks_exact_mut(hd).enumerate() {
+                            let src = &flat[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                            ops::rms_norm_row(src, norm, self.eps, o);
+                            if rope {
+                                self.rope.apply(o, first_position + t);
+                            }
                         }
-                    }
-                    out
-                })
-                .collect()
-        };
+                        out
+                    })
+                    .collect()
+            };
         Ok(Projected {
             queries: split(&q, self.heads, Some(&self.q_norm), true),
             keys: split(&k, self.kv_heads, Some(&self.k_norm), true),
@@ -131,7 +137,15 @@ impl Attention {
         let values = join(&cache.values, &p.values);
         let keys: Vec<&[f32]> = keys.iter().map(Vec::as_slice).collect();
         let values: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
-        let out = self.attend(&p.queries, len, offset, &keys, &values, visible.start, AttentionMask::Full)?;
+        let out = self.attend(
+            &p.queries,
+            len,
+            offset,
+            &keys,
+            &values,
+            visible.start,
+            AttentionMask::Full,
+        )?;
         self.o_proj.forward(&out, len)
     }
 
@@ -166,7 +180,8 @@ impl Attention {
                             let kp = first_key + j;
                             let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
                             let same_block = blocks.is_some_and(|b| {
-                                let (bq, bk) = (qp.wrapping_sub(first_query), kp.wrapping_sub(first_query));
+                                let (bq, bk) =
+                                    (qp.wrapping_sub(first_query), kp.wrapping_sub(first_query));
                                 bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
                             });
                             if !(causal || same_block) {

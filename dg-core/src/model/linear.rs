@@ -76,7 +76,10 @@ impl QuantizedWeights {
         }
         let shape = |last: usize| [lead, &[rows, last]].concat();
         Ok(QuantizedWeights {
-            packed: ck.u32_buf(&format!("{path}.weight"), &shape(cols * spec.bits as usize / 32))?,
+            packed: ck.u32_buf(
+                &format!("{path}.weight"),
+                &shape(cols * spec.bits as usize / 32),
+            )?,
             scales: ck.bf16_buf(&format!("{path}.scales"), &shape(cols / spec.group_size))?,
             biases: ck.bf16_buf(&format!("{path}.biases"), &shape(cols / spec.group_size))?,
             spec,
@@ -109,10 +112,17 @@ impl Linear {
         in_dim: usize,
     ) -> Result<Self, CoreError> {
         let weights = match resolve_storage(ck, quant, path, out_dim * in_dim)? {
-            Storage::Dense => Weights::Dense(ck.f32(&format!("{path}.weight"), &[out_dim, in_dim])?),
-            Storage::Quantized(spec) => {
-                Weights::Quantized(QuantizedWeights::load(ck, path, &[], out_dim, in_dim, spec)?)
+            Storage::Dense => {
+                Weights::Dense(ck.f32(&format!("{path}.weight"), &[out_dim, in_dim])?)
             }
+            Storage::Quantized(spec) => Weights::Quantized(QuantizedWeights::load(
+                ck,
+                path,
+                &[],
+                out_dim,
+                in_dim,
+                spec,
+            )?),
         };
         Ok(Linear {
             name: path.to_owned(),
@@ -135,7 +145,7 @@ impl Linear {
         }
     }
 
-    fn qmatrix(&self, q: &QuantizedWeights) -> Result<QMatrix<'_>, CoreError> {
+    fn qmatrix<'a>(&self, q: &'a QuantizedWeights) -> Result<QMatrix<'a>, CoreError> {
         QMatrix::new(
             q.packed.as_slice(),
             q.scales.as_slice(),
@@ -158,7 +168,9 @@ impl Linear {
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
         let mut out = vec![0.0f32; m * self.out_dim];
         match &self.weights {
-            Weights::Dense(w) => dg_quant::matmul_f32(x, w, m, self.in_dim, self.out_dim, true, &mut out),
+            Weights::Dense(w) => {
+                dg_quant::matmul_f32(x, w, m, self.in_dim, self.out_dim, true, &mut out)
+            }
             Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, &mut out),
         }
         .map_err(|e| self.quant_err(e))?;
@@ -169,7 +181,9 @@ impl Linear {
     pub fn forward_transposed(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
         let mut out = vec![0.0f32; m * self.in_dim];
         match &self.weights {
-            Weights::Dense(w) => dg_quant::matmul_f32(x, w, m, self.out_dim, self.in_dim, false, &mut out),
+            Weights::Dense(w) => {
+                dg_quant::matmul_f32(x, w, m, self.out_dim, self.in_dim, false, &mut out)
+            }
             Weights::Quantized(q) => dg_quant::matmul(x, m, &self.qmatrix(q)?, &mut out),
         }
         .map_err(|e| self.quant_err(e))?;
@@ -199,7 +213,8 @@ impl Linear {
                         self.name, self.out_dim
                     )));
                 }
-                dg_quant::embedding(&self.qmatrix(q)?, ids, &mut out).map_err(|e| self.quant_err(e))?;
+                dg_quant::embedding(&self.qmatrix(q)?, ids, &mut out)
+                    .map_err(|e| self.quant_err(e))?;
             }
         }
         Ok(out)
@@ -239,7 +254,9 @@ impl ExpertLinear {
         in_dim: usize,
     ) -> Result<Self, CoreError> {
         let weights = match resolve_storage(ck, quant, path, experts * out_dim * in_dim)? {
-            Storage::Dense => Weights::Dense(ck.f32(&format!("{path}.weight"), &[experts, out_dim, in_dim])?),
+            Storage::Dense => {
+                Weights::Dense(ck.f32(&format!("{path}.weight"), &[experts, out_dim, in_dim])?)
+            }
             Storage::Quantized(spec) => Weights::Quantized(QuantizedWeights::load(
                 ck,
                 path,
@@ -259,7 +276,12 @@ impl ExpertLinear {
     }
 
     /// For each `(x_row, expert)` pair: `x[x_row] @ W_expert^T`, giving `[pairs, out]`.
-    pub fn forward_pairs(&self, x: &[f32], x_rows: usize, pairs: &[(usize, usize)]) -> Result<Vec<f32>, CoreError> {
+    pub fn forward_pairs(
+        &self,
+        x: &[f32],
+        x_rows: usize,
+        pairs: &[(usize, usize)],
+    ) -> Result<Vec<f32>, CoreError> {
         let err = |source| CoreError::Quant {
             name: self.name.clone(),
             source,

@@ -26,7 +26,11 @@ impl TextModel {
     }
 
     /// Builds the model from an opened checkpoint, reporting progress per layer.
-    pub fn from_checkpoint(ck: &Checkpoint, config: ModelConfig, progress: LoadProgress<'_>) -> Result<Self, CoreError> {
+    pub fn from_checkpoint(
+        ck: &Checkpoint,
+        config: ModelConfig,
+        progress: LoadProgress<'_>,
+    ) -> Result<Self, CoreError> {
         let t = &config.text;
         let q = config.quantization.as_ref();
         let h = t.hidden_size;
@@ -54,7 +58,9 @@ impl TextModel {
                 q_proj: linear(&format!("{p}.self_attn.q_proj"), heads * hd, h)?,
                 k_proj: linear(&format!("{p}.self_attn.k_proj"), kv * hd, h)?,
                 v_proj: match lt {
-                    LayerType::SlidingAttention => Some(linear(&format!("{p}.self_attn.v_proj"), kv * hd, h)?),
+                    LayerType::SlidingAttention => {
+                        Some(linear(&format!("{p}.self_attn.v_proj"), kv * hd, h)?)
+                    }
                     LayerType::FullAttention => None,
                 },
                 o_proj: linear(&format!("{p}.self_attn.o_proj"), h, heads * hd)?,
@@ -105,7 +111,9 @@ impl TextModel {
                 pre_feedforward_layernorm_2: norm("pre_feedforward_layernorm_2")?,
                 post_feedforward_layernorm_2: norm("post_feedforward_layernorm_2")?,
                 decoder_scalar: scalar(&format!("{p}.layer_scalar"))?,
-                encoder_scalar: scalar(&format!("model.encoder.language_model.layers.{i}.layer_scalar"))?,
+                encoder_scalar: scalar(&format!(
+                    "model.encoder.language_model.layers.{i}.layer_scalar"
+                ))?,
                 eps,
             });
         }

@@ -114,7 +114,10 @@ impl TextModel {
         // scattered in by the vision path), so we do the same for text-only calls.
         let image = self.config.image_token_id;
         let pad = self.config.text.pad_token_id;
-        let ids: Vec<u32> = ids.iter().map(|&id| if Some(id) == image { pad } else { id }).collect();
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&id| if Some(id) == image { pad } else { id })
+            .collect();
         let h = self.embed(&ids)?;
         self.encode_embeddings(cache, h, None, observe)
     }
@@ -136,8 +139,15 @@ impl TextModel {
             )));
         }
         let len = h.len() / hidden;
-        if cache.layers.len() != self.layers.len() || cache.layers.first().is_some_and(|c| c.positions().end != cache.offset) {
-            return Err(CoreError::InvalidInput("the cache does not belong to this model".into()));
+        if cache.layers.len() != self.layers.len()
+            || cache
+                .layers
+                .first()
+                .is_some_and(|c| c.positions().end != cache.offset)
+        {
+            return Err(CoreError::InvalidInput(
+                "the cache does not belong to this model".into(),
+            ));
         }
         if let Some(b) = image_blocks {
             if b.len() != len {
@@ -167,7 +177,12 @@ impl TextModel {
             observe(i, &h);
         }
         cache.offset += len;
-        ops::rms_norm_rows_inplace(&mut h, hidden, Some(&self.norm), self.config.text.rms_norm_eps);
+        ops::rms_norm_rows_inplace(
+            &mut h,
+            hidden,
+            Some(&self.norm),
+            self.config.text.rms_norm_eps,
+        );
         Ok(h)
     }
 
@@ -194,7 +209,9 @@ impl TextModel {
             return Err(CoreError::InvalidInput("empty canvas".into()));
         }
         if cache.layers.len() != self.layers.len() {
-            return Err(CoreError::InvalidInput("the cache does not belong to this model".into()));
+            return Err(CoreError::InvalidInput(
+                "the cache does not belong to this model".into(),
+            ));
         }
         let len = canvas.len();
         let hidden_size = self.hidden_size();
@@ -225,7 +242,9 @@ impl TextModel {
                 Some(self.soft_embeddings(&probs, len)?)
             }
         };
-        let mut h = self.self_conditioning.forward(&embeds, soft.as_deref(), len)?;
+        let mut h = self
+            .self_conditioning
+            .forward(&embeds, soft.as_deref(), len)?;
         let offset = cache.offset;
         for (i, layer) in self.layers.iter().enumerate() {
             let c = &cache.layers[i];
@@ -236,14 +255,24 @@ impl TextModel {
             };
             layer.forward(&mut h, len, Pass::Decoder { cache: c, visible })?;
         }
-        ops::rms_norm_rows_inplace(&mut h, hidden_size, Some(&self.norm), self.config.text.rms_norm_eps);
+        ops::rms_norm_rows_inplace(
+            &mut h,
+            hidden_size,
+            Some(&self.norm),
+            self.config.text.rms_norm_eps,
+        );
         Ok(h)
     }
 
     /// Tied head and soft cap: `tanh((h @ embed^T) / cap) * cap` in f32.
     pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>, CoreError> {
         let mut logits = self.embed_tokens.forward(hidden, rows)?;
-        if let Some(cap) = self.config.text.final_logit_softcapping.filter(|c| *c > 0.0) {
+        if let Some(cap) = self
+            .config
+            .text
+            .final_logit_softcapping
+            .filter(|c| *c > 0.0)
+        {
             ops::softcap_inplace(&mut logits, cap);
         }
         Ok(logits)

@@ -74,7 +74,12 @@ pub struct Experts {
 
 impl Experts {
     /// `sum_k weight_k * expert_k(x)` for every row of `x` (already normed).
-    pub fn forward(&self, x: &[f32], rows: usize, routing: &[Routing]) -> Result<Vec<f32>, CoreError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        rows: usize,
+        routing: &[Routing],
+    ) -> Result<Vec<f32>, CoreError> {
         let pairs: Vec<(usize, usize)> = routing
             .iter()
             .enumerate()
@@ -87,8 +92,14 @@ impl Experts {
             a.copy_from_slice(&gu[..m]);
             ops::geglu_inplace(a, &gu[m..]);
         }
-        let down_pairs: Vec<(usize, usize)> = pairs.iter().enumerate().map(|(p, &(_, e))| (p, e)).collect();
-        let y = self.down_proj.forward_pairs(&act, pairs.len(), &down_pairs)?;
+        let down_pairs: Vec<(usize, usize)> = pairs
+            .iter()
+            .enumerate()
+            .map(|(p, &(_, e))| (p, e))
+            .collect();
+        let y = self
+            .down_proj
+            .forward_pairs(&act, pairs.len(), &down_pairs)?;
         let hidden = self.down_proj.out_dim;
         let mut out = vec![0.0f32; rows * hidden];
         let mut p = 0;

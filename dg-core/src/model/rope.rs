@@ -38,6 +38,11 @@ impl Rope {
     pub fn apply(&self, head: &mut [f32], position: usize) {
         let (left, right) = head.split_at_mut(self.half);
         let n = self.inv_freq.len();
-        dg_quant::ops::rope_rotate_half(&mut left[..n], &mut right[..n], position as f32, &self.inv_freq);
+        dg_quant::ops::rope_rotate_half(
+            &mut left[..n],
+            &mut right[..n],
+            position as f32,
+            &self.inv_freq,
+        );
     }
 }

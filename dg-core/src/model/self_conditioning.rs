@@ -16,7 +16,12 @@ pub struct SelfConditioningBlock {
 
 impl SelfConditioningBlock {
     /// Mixes `soft` (or zeros) into the canvas embeddings.
-    pub fn forward(&self, embeds: &[f32], soft: Option<&[f32]>, rows: usize) -> Result<Vec<f32>, CoreError> {
+    pub fn forward(
+        &self,
+        embeds: &[f32],
+        soft: Option<&[f32]>,
+        rows: usize,
+    ) -> Result<Vec<f32>, CoreError> {
         let hidden = self.pre_norm.len();
         let mut h = embeds.to_vec();
         // With zero soft embeddings every product below is exactly zero (the norm of a zero

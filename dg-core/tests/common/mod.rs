@@ -25,7 +25,10 @@ impl Goldens {
         for (name, view) in st.tensors() {
             let data = view.data();
             let values: Vec<f32> = match view.dtype() {
-                Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
+                Dtype::F32 => data
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
                 Dtype::I32 => data
                     .chunks_exact(4)
                     .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as f32)
@@ -46,11 +49,19 @@ impl Goldens {
     }
 
     pub fn f32(&self, name: &str) -> &[f32] {
-        &self.tensors.get(name).unwrap_or_else(|| panic!("golden {name} missing")).1
+        &self
+            .tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("golden {name} missing"))
+            .1
     }
 
     pub fn shape(&self, name: &str) -> &[usize] {
-        &self.tensors.get(name).unwrap_or_else(|| panic!("golden {name} missing")).0
+        &self
+            .tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("golden {name} missing"))
+            .0
     }
 
     pub fn ids(&self, name: &str) -> Vec<u32> {
@@ -61,7 +72,10 @@ impl Goldens {
 /// max |a - b|.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// max |x|.
