@@ -77,7 +77,10 @@ fn main() -> Result<()> {
         Some(dir) => dir.clone(),
         None => {
             let tmp = tempfile::tempdir()?;
-            dg_core::synthetic::write_checkpoint(tmp.path(), &dg_core::synthetic::SyntheticSpec::default())?;
+            dg_core::synthetic::write_checkpoint(
+                tmp.path(),
+                &dg_core::synthetic::SyntheticSpec::default(),
+            )?;
             if !args.json {
                 eprintln!("No --model given: using a small RANDOM-weight checkpoint; its output is noise.");
             }
@@ -88,7 +91,8 @@ fn main() -> Result<()> {
     };
 
     let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").context("progress style")?,
+        ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
+            .context("progress style")?,
     );
     if args.json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -101,7 +105,9 @@ fn main() -> Result<()> {
     if let Some(threads) = args.threads {
         builder = builder.threads(threads);
     }
-    let model = builder.load().with_context(|| format!("loading {}", dir.display()))?;
+    let model = builder
+        .load()
+        .with_context(|| format!("loading {}", dir.display()))?;
     bar.finish_and_clear();
 
     let mut request = if let Some(ids) = &args.prompt_ids {
@@ -149,7 +155,10 @@ fn main() -> Result<()> {
                     .map(|(&t, &r)| if r { t } else { u32::MAX })
                     .collect();
                 let text = render_draft(&model, &shown);
-                let _ = write!(out, "\r\x1b[2K[block {block} step {step}/{total_steps}] {text}");
+                let _ = write!(
+                    out,
+                    "\r\x1b[2K[block {block} step {step}/{total_steps}] {text}"
+                );
                 live_lines = 1;
             }
             Event::Text(delta) => {

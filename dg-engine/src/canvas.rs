@@ -5,8 +5,9 @@
 use std::ops::ControlFlow;
 
 use dg_core::{KvCache, SelfConditioning, TextModel};
+use rayon::ThreadPool;
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::rng::Rng;
 use crate::sampler::{self, StabilityStop};
 
@@ -44,6 +45,37 @@ pub(crate) struct BlockResult {
     pub steps: usize,
 }
 
+/// The model with the thread pool its numeric work runs on. Only model calls enter the pool,
+/// so callbacks of the generation loop need not be `Send`.
+#[derive(Clone, Copy)]
+pub(crate) struct Compute<'a> {
+    pub model: &'a TextModel,
+    pub pool: &'a ThreadPool,
+}
+
+impl Compute<'_> {
+    pub fn encode(&self, cache: &mut KvCache, ids: &[u32]) -> Result<()> {
+        self.pool
+            .install(|| self.model.encode(cache, ids, |_, _| {}))?;
+        Ok(())
+    }
+
+    pub fn decode(
+        &self,
+        cache: &KvCache,
+        canvas: &[u32],
+        sc: SelfConditioning<'_>,
+    ) -> Result<Vec<f32>> {
+        Ok(self.pool.install(|| self.model.decode(cache, canvas, sc))?)
+    }
+
+    pub fn soft_embeddings(&self, probs: &[f32], rows: usize) -> Result<Vec<f32>> {
+        Ok(self
+            .pool
+            .install(|| self.model.soft_embeddings(probs, rows))?)
+    }
+}
+
 fn to_ids(canvas: &[i32]) -> Vec<u32> {
     canvas.iter().map(|&t| t as u32).collect()
 }
@@ -54,15 +86,14 @@ fn noise(rng: &mut Rng, vocab: usize, len: usize) -> Result<Vec<i32>> {
 
 /// Denoises one block. `on_step` sees each step's draft; `Break` cancels (returns `None`).
 pub(crate) fn denoise_block(
-    model: &TextModel,
+    model: Compute<'_>,
     cache: &KvCache,
     p: &BlockParams,
     rng: &mut Rng,
     on_step: &mut dyn FnMut(StepView<'_>) -> ControlFlow<()>,
 ) -> Result<Option<BlockResult>> {
-    let vocab = model.vocab_size();
+    let vocab = model.model.vocab_size();
     let len = p.len;
-    let model_err = |e: dg_core::CoreError| EngineError::Model(Box::new(e));
 
     let mut current = noise(rng, vocab, len)?;
     let mut revealed = vec![false; len];
@@ -78,7 +109,7 @@ pub(crate) fn denoise_block(
             Some(e) => SelfConditioning::Embeddings(e),
             None => SelfConditioning::None,
         };
-        let mut logits = model.decode(cache, &to_ids(&current), sc).map_err(model_err)?;
+        let mut logits = model.decode(cache, &to_ids(&current), sc)?;
         let t = sampler::linear_temperature(cur_step, p.steps, p.t_min, p.t_max)?;
         sampler::apply_temperature(&mut logits, t);
         argmax = sampler::argmax_canvas(&logits, vocab)?;
@@ -96,7 +127,8 @@ pub(crate) fn denoise_block(
                 let (entropy, probs) = sampler::entropy_and_probs(&logits, vocab)?;
                 let accept = sampler::entropy_transfer_mask(&entropy, len, bound)?;
                 let fresh = noise(rng, vocab, len)?;
-                let (_, next) = sampler::entropy_bound_update(&accept, &denoiser, &current, &fresh)?;
+                let (_, next) =
+                    sampler::entropy_bound_update(&accept, &denoiser, &current, &fresh)?;
                 current = next;
                 revealed = accept;
                 draft = argmax.clone();
@@ -105,9 +137,21 @@ pub(crate) fn denoise_block(
             BlockSampler::Confidence { threshold } => {
                 let confidence = sampler::token_probability(&logits, vocab, &denoiser)?;
                 let unrevealed: Vec<bool> = revealed.iter().map(|r| !r).collect();
-                let accept = sampler::confidence_transfer_mask(&confidence, &unrevealed, len, threshold, false)?;
+                let accept = sampler::confidence_transfer_mask(
+                    &confidence,
+                    &unrevealed,
+                    len,
+                    threshold,
+                    false,
+                )?;
                 let fresh = noise(rng, vocab, len)?;
-                let (_, next) = sampler::confidence_update(&accept, &denoiser, &fresh, &mut revealed, &mut draft)?;
+                let (_, next) = sampler::confidence_update(
+                    &accept,
+                    &denoiser,
+                    &fresh,
+                    &mut revealed,
+                    &mut draft,
+                )?;
                 current = next;
                 Vec::new()
             }
@@ -135,7 +179,7 @@ pub(crate) fn denoise_block(
             BlockSampler::Entropy { .. } => probs,
             BlockSampler::Confidence { .. } => sampler::softmax_precise(&logits, vocab)?,
         };
-        self_conditioning = Some(model.soft_embeddings(&probs, len).map_err(model_err)?);
+        self_conditioning = Some(model.soft_embeddings(&probs, len)?);
     }
     Ok(Some(BlockResult {
         tokens: to_ids(&argmax),

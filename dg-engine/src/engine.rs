@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
-use dg_tokenize::{ChatTemplate, StreamDetokenizer, Tokenizer};
+use dg_tokenize::{ChatTemplate, RenderOptions, Tokenizer};
 
-use crate::canvas::{denoise_block, BlockParams, BlockSampler};
+use crate::canvas::{denoise_block, BlockParams, BlockSampler, Compute};
 use crate::error::{EngineError, Result};
 use crate::output::{Event, FinishReason, Generation, Stats};
 use crate::request::{Defaults, Prompt, Request, Sampler};
@@ -42,20 +42,25 @@ impl<'a> LoadBuilder<'a> {
     pub fn load(self) -> Result<DiffusionGemma> {
         let dir = self.dir;
         let model_err = |e: dg_core::CoreError| EngineError::Model(Box::new(e));
-        let pool = dg_quant::pool::build(self.threads).map_err(|e| EngineError::InvalidArgument {
-            name: "threads",
-            reason: e.to_string(),
-        })?;
+        let pool =
+            dg_quant::pool::build(self.threads).map_err(|e| EngineError::InvalidArgument {
+                name: "threads",
+                reason: e.to_string(),
+            })?;
         let config = ModelConfig::from_file(&dir.join("config.json")).map_err(model_err)?;
-        let tokenizer = Tokenizer::from_dir(&dir).map_err(EngineError::Tokenize)?;
-        let template = ChatTemplate::from_dir(&dir).map_err(EngineError::Tokenize)?;
+        let tokenizer = Tokenizer::from_dir(&dir)?;
+        let template = if has_chat_template(&dir) {
+            Some(ChatTemplate::from_dir(&dir)?.with_special_tokens(tokenizer.special_tokens_map()))
+        } else {
+            None
+        };
         let checkpoint_settings = read_generation_config(&dir)?;
         let reference_settings = GenerationSettings::resolve(config.generation_config.as_ref())?;
-        let ck = Checkpoint::open(&dir, dg_core::model::sanitize_options(&config)).map_err(model_err)?;
+        let ck =
+            Checkpoint::open(&dir, dg_core::model::sanitize_options(&config)).map_err(model_err)?;
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| true));
-        let model = pool
-            .install(|| TextModel::from_checkpoint(&ck, config, &mut *progress))
-            .map_err(|e| match e {
+        let model =
+            TextModel::from_checkpoint(&ck, config, &mut *progress).map_err(|e| match e {
                 dg_core::CoreError::Cancelled => EngineError::Cancelled,
                 other => model_err(other),
             })?;
@@ -78,14 +83,25 @@ impl<'a> LoadBuilder<'a> {
     }
 }
 
+/// Whether the checkpoint ships a chat template (`chat_template.jinja` or a `chat_template`
+/// field in tokenizer_config.json), as transformers looks for one.
+fn has_chat_template(dir: &Path) -> bool {
+    dir.join("chat_template.jinja").is_file()
+        || std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v.get("chat_template").is_some_and(|c| !c.is_null()))
+}
+
 fn read_generation_config(dir: &Path) -> Result<GenerationSettings> {
     let path = dir.join("generation_config.json");
     match std::fs::read_to_string(&path) {
         Ok(text) => {
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::File {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| EngineError::File {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
             GenerationSettings::resolve(Some(&value)).map_err(|e| EngineError::File {
                 path,
                 reason: e.to_string(),
@@ -152,10 +168,11 @@ impl DiffusionGemma {
     }
 
     /// The settings a request falls back on for the given source of defaults.
-    pub fn settings(&self, defaults: Defaults) -> &GenerationSettings {
+    pub fn settings<'a>(&'a self, defaults: &'a Defaults) -> &'a GenerationSettings {
         match defaults {
             Defaults::Checkpoint => &self.checkpoint_settings,
             Defaults::Reference => &self.reference_settings,
+            Defaults::Custom(settings) => settings,
         }
     }
 
@@ -164,14 +181,24 @@ impl DiffusionGemma {
         let ids = match prompt {
             Prompt::Tokens(ids) => ids.clone(),
             // The reference encodes raw text with `add_special_tokens=True`.
-            Prompt::Text(text) => self.tokenizer.encode(text, true).map_err(EngineError::Tokenize)?,
+            Prompt::Text(text) => self.tokenizer.encode(text, true)?,
             Prompt::Chat(messages) => {
-                let template = self.template.as_ref().ok_or_else(|| EngineError::InvalidArgument {
-                    name: "prompt",
-                    reason: format!("{} has no chat template; send text or token ids", self.dir.display()),
-                })?;
-                let text = template.render(messages, true).map_err(EngineError::Tokenize)?;
-                self.tokenizer.encode(&text, false).map_err(EngineError::Tokenize)?
+                let template =
+                    self.template
+                        .as_ref()
+                        .ok_or_else(|| EngineError::InvalidArgument {
+                            name: "prompt",
+                            reason: format!(
+                                "{} has no chat template; send text or token ids",
+                                self.dir.display()
+                            ),
+                        })?;
+                let options = RenderOptions {
+                    add_generation_prompt: true,
+                    ..RenderOptions::default()
+                };
+                let text = template.render(messages, &options)?;
+                self.tokenizer.encode(&text, false)?
             }
         };
         if ids.is_empty() {
@@ -203,7 +230,12 @@ impl DiffusionGemma {
 
     /// One decoder pass over `canvas` after `cache`, returning soft-capped logits
     /// `[canvas, vocab]` (not divided by any schedule temperature).
-    pub fn decoder_logits(&self, cache: &KvCache, canvas: &[u32], sc: SelfConditioning<'_>) -> Result<Vec<f32>> {
+    pub fn decoder_logits(
+        &self,
+        cache: &KvCache,
+        canvas: &[u32],
+        sc: SelfConditioning<'_>,
+    ) -> Result<Vec<f32>> {
         self.pool
             .install(|| self.model.decode(cache, canvas, sc))
             .map_err(|e| EngineError::Model(Box::new(e)))
@@ -223,7 +255,7 @@ impl DiffusionGemma {
     ) -> Result<Generation> {
         request.validate()?;
         let ids = self.prompt_ids(&request.prompt)?;
-        self.pool.install(|| self.run(request, &ids, &mut on_event))
+        self.run(request, &ids, &mut on_event)
     }
 
     fn run(
@@ -232,8 +264,11 @@ impl DiffusionGemma {
         prompt: &[u32],
         on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Generation> {
-        let settings = self.settings(request.defaults);
-        let model_err = |e: dg_core::CoreError| EngineError::Model(Box::new(e));
+        let settings = self.settings(&request.defaults);
+        let compute = Compute {
+            model: &self.model,
+            pool: &self.pool,
+        };
         let mut eos = self.eos.clone();
         eos.extend(&settings.extra_eos);
         let sampler = match request.sampler {
@@ -258,7 +293,7 @@ impl DiffusionGemma {
             prompt_tokens: prompt.len(),
             ..Stats::default()
         };
-        let mut detok = StreamDetokenizer::new(&self.tokenizer);
+        let mut detok = self.tokenizer.stream_detokenizer();
         let mut text = String::new();
         let mut tokens = Vec::new();
         let mut cancelled = false;
@@ -266,11 +301,18 @@ impl DiffusionGemma {
 
         let start = Instant::now();
         let mut cache = self.model.new_cache();
-        self.model.encode(&mut cache, prompt, |_, _| {}).map_err(model_err)?;
+        compute.encode(&mut cache, prompt)?;
         stats.prefill_time = start.elapsed();
         let gen_start = Instant::now();
-        let emit = |event: Event, on_event: &mut dyn FnMut(Event) -> ControlFlow<()>| on_event(event).is_break();
-        if emit(Event::Prefilled { prompt_tokens: prompt.len() }, on_event) {
+        let emit = |event: Event, on_event: &mut dyn FnMut(Event) -> ControlFlow<()>| {
+            on_event(event).is_break()
+        };
+        if emit(
+            Event::Prefilled {
+                prompt_tokens: prompt.len(),
+            },
+            on_event,
+        ) {
             cancelled = true;
         }
 
@@ -301,7 +343,8 @@ impl DiffusionGemma {
                     revealed: view.revealed.to_vec(),
                 })
             };
-            let Some(result) = denoise_block(&self.model, &cache, &params, &mut rng, &mut on_step)? else {
+            let Some(result) = denoise_block(compute, &cache, &params, &mut rng, &mut on_step)?
+            else {
                 cancelled = true;
                 break;
             };
@@ -321,8 +364,7 @@ impl DiffusionGemma {
                     break;
                 }
                 committed.push(token);
-                let delta = detok.push(token).map_err(EngineError::Tokenize)?;
-                if !delta.is_empty() {
+                if let Some(delta) = detok.push(token)?.filter(|d| !d.is_empty()) {
                     text.push_str(&delta);
                     if emit(Event::Text(delta), on_event) {
                         cancelled = true;
@@ -349,9 +391,9 @@ impl DiffusionGemma {
                 break;
             }
             // The committed canvas joins the prompt in the cache for the next block.
-            self.model.encode(&mut cache, &result.tokens, |_, _| {}).map_err(model_err)?;
+            compute.encode(&mut cache, &result.tokens)?;
         }
-        let tail = detok.finish().map_err(EngineError::Tokenize)?;
+        let tail = detok.flush()?;
         if !tail.is_empty() {
             text.push_str(&tail);
             let _ = on_event(Event::Text(tail));
@@ -360,7 +402,11 @@ impl DiffusionGemma {
         Ok(Generation {
             text,
             token_ids: tokens,
-            finish_reason: if cancelled { FinishReason::Cancelled } else { finish },
+            finish_reason: if cancelled {
+                FinishReason::Cancelled
+            } else {
+                finish
+            },
             stats,
         })
     }

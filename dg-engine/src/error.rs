@@ -20,6 +20,27 @@ pub enum EngineError {
         /// Why the value is rejected.
         reason: String,
     },
+    /// The text model failed (bad checkpoint, bad input).
+    #[error(transparent)]
+    Model(Box<dg_core::CoreError>),
+    /// Tokenizer, chat template or detokenizer failed.
+    #[error(transparent)]
+    Tokenize(#[from] dg_tokenize::Error),
+    /// A checkpoint file other than the weights is unreadable or malformed.
+    #[error("{path}: {reason}")]
+    File {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    /// Loading was cancelled by the progress callback.
+    #[error("loading was cancelled")]
+    Cancelled,
+}
+
+impl From<dg_core::CoreError> for EngineError {
+    fn from(e: dg_core::CoreError) -> Self {
+        EngineError::Model(Box::new(e))
+    }
 }
 
 /// `Result` with [`EngineError`].

@@ -1,13 +1,35 @@
-//! dg-engine: the DiffusionGemma generation engine.
+//! dg-engine: run Google's DiffusionGemma (block diffusion, mixture of experts) in pure Rust.
 //!
+//! ```no_run
+//! use dg_engine::{DiffusionGemma, Message, Request};
+//!
+//! let model = DiffusionGemma::load("path/to/diffusiongemma")?;
+//! let answer = model.generate(&Request::chat(vec![Message::user("Write a haiku about rust.")]))?;
+//! println!("{}", answer.text);
+//! # Ok::<(), dg_engine::EngineError>(())
+//! ```
+//!
+//! - [`DiffusionGemma`]: load a checkpoint, [`generate`](DiffusionGemma::generate) or stream
+//!   [`Event`]s with [`generate_stream`](DiffusionGemma::generate_stream).
+//! - [`Request`]: prompt and options (sampler, temperature, steps, canvas lengths, seed).
 //! - [`rng`]: an MLX-compatible (threefry) random generator, bit-identical to mlx 0.32.4.
 //! - [`sampler`]: the reference's per-step sampling math as pure functions.
 //! - [`mlx_math`]: the MLX CPU kernels (fast `exp`, reductions) those two reproduce.
 
+mod canvas;
+mod engine;
 pub mod error;
 pub mod mlx_math;
+mod output;
+mod request;
 pub mod rng;
 pub mod sampler;
+mod settings;
 
+pub use dg_core::{KvCache, SelfConditioning};
+pub use engine::{DiffusionGemma, LoadBuilder};
 pub use error::EngineError;
+pub use output::{Event, FinishReason, Generation, Stats};
+pub use request::{Defaults, Message, Prompt, Request, Sampler};
 pub use rng::Rng;
+pub use settings::GenerationSettings;

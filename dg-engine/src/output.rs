@@ -20,9 +20,7 @@ pub enum FinishReason {
 #[non_exhaustive]
 pub enum Event {
     /// The prompt is in the cache.
-    Prefilled {
-        prompt_tokens: usize,
-    },
+    Prefilled { prompt_tokens: usize },
     /// The canvas after one denoising step.
     Draft {
         /// 1-based block number.

@@ -1,6 +1,7 @@
 //! What to generate: the prompt and every option of the reference's `stream_diffusion_generate`.
 
 use crate::error::{EngineError, Result};
+use crate::settings::GenerationSettings;
 
 /// One chat message (re-exported from dg-tokenize).
 pub use dg_tokenize::Message;
@@ -43,7 +44,7 @@ impl Default for Sampler {
 
 /// Where generation defaults (steps, schedule, entropy bound, stop rule, extra EOS ids) come
 /// from when a request leaves them unset.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub enum Defaults {
     /// The checkpoint's `generation_config.json`, as HF transformers reads it: what the model's
@@ -53,6 +54,9 @@ pub enum Defaults {
     /// Exactly what mlx-optiq 0.7.7 does: it never reads `generation_config.json`, only a
     /// `generation_config` embedded in config.json (normally absent). Use for parity.
     Reference,
+    /// Settings you resolved yourself, e.g. with [`GenerationSettings::resolve`] from a
+    /// generation-config dictionary.
+    Custom(GenerationSettings),
 }
 
 /// A generation request. Build it with [`Request::chat`], [`Request::text`] or
@@ -112,12 +116,16 @@ impl Request {
 
     /// Checks every option, naming the one at fault.
     pub fn validate(&self) -> Result<()> {
-        let bad = |name: &'static str, reason: String| Err(EngineError::InvalidArgument { name, reason });
+        let bad =
+            |name: &'static str, reason: String| Err(EngineError::InvalidArgument { name, reason });
         if self.max_tokens == 0 {
             return bad("max_tokens", "must be at least 1".into());
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad("temperature", format!("{} is not a finite value >= 0", self.temperature));
+            return bad(
+                "temperature",
+                format!("{} is not a finite value >= 0", self.temperature),
+            );
         }
         if self.steps == Some(0) {
             return bad("steps", "must be at least 1".into());

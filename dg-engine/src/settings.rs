@@ -37,7 +37,10 @@ fn number(v: &Value, name: &'static str) -> Result<f64> {
 fn ids(v: &Value) -> Vec<u32> {
     match v {
         Value::Number(n) => n.as_u64().map(|i| vec![i as u32]).unwrap_or_default(),
-        Value::Array(a) => a.iter().filter_map(|x| x.as_u64().map(|i| i as u32)).collect(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|i| i as u32))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -47,13 +50,19 @@ impl GenerationSettings {
     pub fn resolve(config: Option<&Value>) -> Result<Self> {
         let empty = serde_json::Map::new();
         let g = config.and_then(Value::as_object).unwrap_or(&empty);
-        let sub = |key: &str| g.get(key).and_then(Value::as_object).filter(|m| !m.is_empty());
+        let sub = |key: &str| {
+            g.get(key)
+                .and_then(Value::as_object)
+                .filter(|m| !m.is_empty())
+        };
 
         let steps = match g.get("max_denoising_steps") {
-            Some(v) if !v.is_null() && v.as_u64() != Some(0) => v.as_u64().ok_or_else(|| EngineError::InvalidArgument {
-                name: "max_denoising_steps",
-                reason: format!("generation config value {v} is not a positive integer"),
-            })? as usize,
+            Some(v) if !v.is_null() && v.as_u64() != Some(0) => {
+                v.as_u64().ok_or_else(|| EngineError::InvalidArgument {
+                    name: "max_denoising_steps",
+                    reason: format!("generation config value {v} is not a positive integer"),
+                })? as usize
+            }
             _ => 48,
         };
 
@@ -77,11 +86,18 @@ impl GenerationSettings {
             Some(s) => (s.get("t_min"), s.get("t_max")),
             None => (g.get("t_min"), g.get("t_max")),
         };
-        let t_min = t_min.map(|v| number(v, "t_min")).transpose()?.unwrap_or(0.4);
-        let t_max = t_max.map(|v| number(v, "t_max")).transpose()?.unwrap_or(0.8);
+        let t_min = t_min
+            .map(|v| number(v, "t_min"))
+            .transpose()?
+            .unwrap_or(0.4);
+        let t_max = t_max
+            .map(|v| number(v, "t_max"))
+            .transpose()?
+            .unwrap_or(0.8);
 
         let stop_source = sub("diffusion_stopping_config").or_else(|| {
-            (g.contains_key("confidence_threshold") || g.contains_key("stability_threshold")).then_some(g)
+            (g.contains_key("confidence_threshold") || g.contains_key("stability_threshold"))
+                .then_some(g)
         });
         let stop = match stop_source {
             Some(s) => {
@@ -117,7 +133,10 @@ mod tests {
     #[test]
     fn empty_config_gives_reference_defaults() {
         let s = GenerationSettings::default();
-        assert_eq!((s.steps, s.entropy_bound, s.t_min, s.t_max, s.stop), (48, 0.1, 0.4, 0.8, None));
+        assert_eq!(
+            (s.steps, s.entropy_bound, s.t_min, s.t_max, s.stop),
+            (48, 0.1, 0.4, 0.8, None)
+        );
     }
 
     #[test]
@@ -135,7 +154,9 @@ mod tests {
     #[test]
     fn unknown_sampler_is_named() {
         let g = json!({"sampler_config": {"_cls_name": "TopKSamplerConfig"}});
-        let err = GenerationSettings::resolve(Some(&g)).unwrap_err().to_string();
+        let err = GenerationSettings::resolve(Some(&g))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("TopKSamplerConfig"), "{err}");
     }
 }

@@ -1,0 +1,217 @@
+//! Quantized matmul kernels at the real model's shapes (hidden 2816), on the library's default
+//! pool (one thread per physical core). `tools/reference/bench_quant_mlx.py` times the same
+//! products in MLX for the side-by-side comparison.
+//!
+//! `cargo bench --bench quant` (filter: `cargo bench --bench quant -- q_proj`)
+//!
+//! Throughput: the one-row cases (memory-bound) report bytes of weights read (packed + scales +
+//! biases) per second; the others report multiply-adds x 2 as "elements" (= FLOP/s).
+//!
+//! Weights are random bits with random scales/biases (the kernels' speed does not depend on
+//! the values). The expert case uses all 128 experts of the real layer (254 MB of 4-bit
+//! gate_up weights, 127 MB down) and 256 tokens x top-8 routes drawn uniformly.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
+
+/// Deterministic xorshift for the bench data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+struct Weights {
+    packed: Vec<u32>,
+    scales: Vec<bf16>,
+    biases: Vec<bf16>,
+    matrices: usize,
+    rows: usize,
+    cols: usize,
+    spec: QuantSpec,
+}
+
+impl Weights {
+    fn random(rng: &mut Rng, matrices: usize, rows: usize, cols: usize, bits: u32) -> Self {
+        let spec = QuantSpec::new(bits, 64).unwrap();
+        let n = matrices * rows;
+        let groups = n * cols / 64;
+        Weights {
+            packed: (0..n * spec.words_per_row(cols))
+                .map(|_| rng.next() as u32)
+                .collect(),
+            scales: (0..groups)
+                .map(|_| bf16::from_f32(rng.f32() * 0.01))
+                .collect(),
+            biases: (0..groups)
+                .map(|_| bf16::from_f32(rng.f32() * 0.1))
+                .collect(),
+            matrices,
+            rows,
+            cols,
+            spec,
+        }
+    }
+
+    fn matrix(&self) -> QMatrix<'_> {
+        QMatrix::new(
+            &self.packed,
+            &self.scales,
+            &self.biases,
+            self.rows,
+            self.cols,
+            self.spec,
+        )
+        .unwrap()
+    }
+
+    fn experts(&self) -> QExperts<'_> {
+        QExperts::new(
+            &self.packed,
+            &self.scales,
+            &self.biases,
+            self.matrices,
+            self.rows,
+            self.cols,
+            self.spec,
+        )
+        .unwrap()
+    }
+}
+
+fn random_x(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.f32()).collect()
+}
+
+fn config(c: &mut Criterion) -> criterion::BenchmarkGroup<'_, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group("quant");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    g
+}
+
+/// Dense layers, `x [m, in] @ W^T`.
+fn linears(c: &mut Criterion) {
+    let pool = dg_quant::pool::build(None).unwrap();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let shapes: [(&str, usize, usize, u32); 6] = [
+        ("q_proj_8b", 4096, 2816, 8),
+        ("k_proj_8b", 2048, 2816, 8),
+        ("o_proj_8b", 2816, 4096, 8),
+        ("mlp_gate_8b", 2112, 2816, 8),
+        ("mlp_down_8b", 2816, 2112, 8),
+        ("head_slice_4b", 16384, 2816, 4),
+    ];
+    let mut g = config(c);
+    for (name, rows, cols, bits) in shapes {
+        let w = Weights::random(&mut rng, 1, rows, cols, bits);
+        let q = w.matrix();
+        for m in [1usize, 16, 256] {
+            let x = random_x(&mut rng, m * cols);
+            let mut out = vec![0.0f32; m * rows];
+            if m == 1 {
+                g.throughput(Throughput::Bytes(q.bytes() as u64));
+            } else {
+                g.throughput(Throughput::Elements((2 * m * rows * cols) as u64));
+            }
+            g.bench_with_input(BenchmarkId::new(name, m), &m, |b, &m| {
+                b.iter(|| pool.install(|| dg_quant::matmul_t(&x, m, &q, &mut out).unwrap()))
+            });
+        }
+    }
+    // The soft-embedding product `probs [m, vocab] @ embed [vocab, hidden]` on a vocab slice.
+    let w = Weights::random(&mut rng, 1, 16384, 2816, 4);
+    let q = w.matrix();
+    for m in [1usize, 16, 256] {
+        let x = random_x(&mut rng, m * q.rows);
+        let mut out = vec![0.0f32; m * q.cols];
+        if m == 1 {
+            g.throughput(Throughput::Bytes(q.bytes() as u64));
+        } else {
+            g.throughput(Throughput::Elements((2 * m * q.rows * q.cols) as u64));
+        }
+        g.bench_with_input(BenchmarkId::new("embed_slice_4b_xW", m), &m, |b, &m| {
+            b.iter(|| pool.install(|| dg_quant::matmul(&x, m, &q, &mut out).unwrap()))
+        });
+    }
+    g.finish();
+}
+
+/// MoE experts: 256 tokens x top-8 of 128 experts, `gate_up` (2816 -> 1408) and `down`
+/// (704 -> 2816), 4-bit.
+fn experts(c: &mut Criterion) {
+    let pool = dg_quant::pool::build(None).unwrap();
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let (tokens, top_k, n_experts) = (256usize, 8usize, 128usize);
+    // Distinct experts per token, uniformly drawn.
+    let mut pairs = Vec::with_capacity(tokens * top_k);
+    for t in 0..tokens {
+        let mut chosen = Vec::with_capacity(top_k);
+        while chosen.len() < top_k {
+            let e = (rng.next() % n_experts as u64) as usize;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        pairs.extend(chosen.into_iter().map(|e| (t, e)));
+    }
+    let mut g = config(c);
+    for (name, rows, cols, x_rows) in [
+        ("experts_gate_up_4b", 1408usize, 2816usize, tokens),
+        ("experts_down_4b", 2816, 704, tokens * top_k),
+    ] {
+        let w = Weights::random(&mut rng, n_experts, rows, cols, 4);
+        let e = w.experts();
+        let x = random_x(&mut rng, x_rows * cols);
+        // The down projection's input rows are the per-pair activations.
+        let pairs: Vec<(usize, usize)> = if x_rows == tokens {
+            pairs.clone()
+        } else {
+            pairs
+                .iter()
+                .enumerate()
+                .map(|(p, &(_, e))| (p, e))
+                .collect()
+        };
+        let mut out = vec![0.0f32; pairs.len() * rows];
+        g.throughput(Throughput::Elements((2 * pairs.len() * rows * cols) as u64));
+        g.bench_function(BenchmarkId::new(name, pairs.len()), |b| {
+            b.iter(|| {
+                pool.install(|| {
+                    dg_quant::gather_matmul_t(&x, x_rows, &e, &pairs, &mut out).unwrap()
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Plain f32 GEMM (attention scores, bf16 linears) for reference.
+fn dense(c: &mut Criterion) {
+    let pool = dg_quant::pool::build(None).unwrap();
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let (m, k, n) = (256usize, 2816usize, 2048usize);
+    let a = random_x(&mut rng, m * k);
+    let b = random_x(&mut rng, n * k);
+    let mut out = vec![0.0f32; m * n];
+    let mut g = config(c);
+    g.throughput(Throughput::Elements((2 * m * k * n) as u64));
+    g.bench_function(BenchmarkId::new("f32_gemm_bt", m), |bch| {
+        bch.iter(|| pool.install(|| dg_quant::matmul_f32(&a, &b, m, k, n, true, &mut out).unwrap()))
+    });
+    g.finish();
+}
+
+criterion_group!(quant, linears, experts, dense);
+criterion_main!(quant);

@@ -1,0 +1,231 @@
+//! Generation, token for token against the float32 reference (mlx-optiq 0.7.7's
+//! `stream_diffusion_generate` as its public `generate` runs it), on the `tiny` fixture.
+//!
+//! Goldens: tests/fixtures/goldens/generate_tiny.json (tools/reference/dump_generation_goldens.py).
+//! Every case there was checked to keep its exact trajectory under +-1 f32 ulp noise on 1% of
+//! the reference's quantized-matmul outputs (check_fixture_stability.py), so a mismatch here
+//! is a bug, not chaos. Compared exactly: emitted ids, the EOS-inclusive token count, finish
+//! reason, canvases, steps per block, and for the per-step cases each step's accept mask.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use dg_engine::{
+    Defaults, DiffusionGemma, Event, FinishReason, GenerationSettings, Message, Prompt, Request,
+    Sampler,
+};
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
+}
+
+fn goldens() -> Vec<Value> {
+    let text = std::fs::read_to_string(fixtures().join("goldens/generate_tiny.json")).unwrap();
+    let json: Value = serde_json::from_str(&text).unwrap();
+    json["cases"].as_array().unwrap().clone()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn request(case: &Value) -> Request {
+    let prompt = &case["prompt"];
+    let mut r = match prompt["kind"].as_str().unwrap() {
+        "text" => Request::text(prompt["text"].as_str().unwrap()),
+        "chat" => Request::chat(
+            prompt["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect(),
+        ),
+        other => panic!("unknown prompt kind {other}"),
+    };
+    let o = &case["options"];
+    r.max_tokens = o["max_tokens"].as_u64().unwrap() as usize;
+    r.temperature = o["temperature"].as_f64().unwrap() as f32;
+    r.seed = o["seed"].as_u64().unwrap();
+    r.steps = o.get("steps").and_then(Value::as_u64).map(|s| s as usize);
+    r.min_canvas = o
+        .get("min_canvas")
+        .and_then(Value::as_u64)
+        .map(|s| s as usize);
+    r.max_canvas = o
+        .get("max_canvas")
+        .and_then(Value::as_u64)
+        .map(|s| s as usize);
+    r.sampler = match o["sampler"].as_str().unwrap() {
+        "confidence-threshold" => Sampler::ConfidenceThreshold {
+            threshold: o.get("threshold").and_then(Value::as_f64).unwrap_or(0.9) as f32,
+        },
+        "entropy-bound" => Sampler::EntropyBound { bound: None },
+        other => panic!("unknown sampler {other}"),
+    };
+    // The reference reads only a generation config set on the model config.
+    r.defaults = match o.get("generation_config") {
+        Some(g) => Defaults::Custom(GenerationSettings::resolve(Some(g)).unwrap()),
+        None => Defaults::Reference,
+    };
+    r
+}
+
+#[test]
+fn generations_match_reference_token_for_token() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).expect("load tiny");
+    let cases = goldens();
+    assert!(cases.len() >= 15, "golden file has {} cases", cases.len());
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let req = request(case);
+        let out = &case["outputs"];
+        // The prompt ids we build must be the reference's (text encoding, chat template).
+        assert_eq!(
+            model.prompt_ids(&req.prompt).unwrap(),
+            ids(&case["prompt"]["ids"]),
+            "{name}: prompt ids"
+        );
+        let mut accepts: Vec<Vec<bool>> = Vec::new();
+        let mut blocks_seen = Vec::new();
+        let gen = model
+            .generate_stream(&req, |e| {
+                match e {
+                    Event::Draft {
+                        block: 1, revealed, ..
+                    } => accepts.push(revealed),
+                    Event::BlockEnd { block, steps, .. } => blocks_seen.push((block, steps)),
+                    _ => {}
+                }
+                ControlFlow::Continue(())
+            })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+
+        assert_eq!(
+            gen.token_ids,
+            ids(&out["emitted_ids"]),
+            "{name}: emitted ids"
+        );
+        let finish = match out["finish_reason"].as_str().unwrap() {
+            "stop" => FinishReason::Stop,
+            "length" => FinishReason::Length,
+            other => panic!("{other}"),
+        };
+        assert_eq!(gen.finish_reason, finish, "{name}: finish reason");
+        assert_eq!(
+            gen.stats.generated_tokens as u64,
+            out["generation_tokens"].as_u64().unwrap(),
+            "{name}: generation tokens"
+        );
+        let blocks = out["blocks"].as_array().unwrap();
+        let steps: Vec<usize> = blocks
+            .iter()
+            .map(|b| b["steps"].as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(gen.stats.steps_per_block, steps, "{name}: steps per block");
+        assert_eq!(gen.stats.canvases, blocks.len(), "{name}: canvases");
+        assert_eq!(
+            gen.stats.canvas_tokens as u64,
+            out["canvas_tokens"].as_u64().unwrap(),
+            "{name}: canvas tokens"
+        );
+        assert_eq!(blocks_seen.len(), blocks.len(), "{name}: block events");
+
+        // Per-step accept masks (block 1), when recorded.
+        if let Some(per_step) = blocks[0].get("per_step").and_then(Value::as_array) {
+            let confidence = matches!(req.sampler, Sampler::ConfidenceThreshold { .. });
+            let mut revealed = vec![false; per_step[0]["canvas_in"].as_array().unwrap().len()];
+            let mut step_masks = Vec::new();
+            for s in per_step
+                .iter()
+                .filter_map(|s| s.get("accept").and_then(Value::as_str))
+            {
+                let accept: Vec<bool> = s.chars().map(|c| c == '1').collect();
+                if confidence {
+                    for (r, a) in revealed.iter_mut().zip(&accept) {
+                        *r |= a;
+                    }
+                    step_masks.push(revealed.clone());
+                } else {
+                    step_masks.push(accept);
+                }
+            }
+            assert_eq!(accepts, step_masks, "{name}: per-step accept masks");
+        }
+    }
+}
+
+#[test]
+fn same_tokens_with_one_and_two_threads() {
+    let one = DiffusionGemma::builder(fixtures().join("models/tiny"))
+        .threads(1)
+        .load()
+        .unwrap();
+    let two = DiffusionGemma::builder(fixtures().join("models/tiny"))
+        .threads(2)
+        .load()
+        .unwrap();
+    for case in goldens().iter().take(4) {
+        let req = request(case);
+        assert_eq!(
+            one.generate(&req).unwrap().token_ids,
+            two.generate(&req).unwrap().token_ids
+        );
+    }
+}
+
+#[test]
+fn cancellation_stops_within_one_step() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let mut req = Request::tokens(vec![10, 11, 12]);
+    req.sampler = Sampler::EntropyBound { bound: None };
+    req.max_tokens = 64;
+    let mut drafts = 0;
+    let gen = model
+        .generate_stream(&req, |e| {
+            if let Event::Draft { .. } = e {
+                drafts += 1;
+                if drafts == 3 {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(gen.finish_reason, FinishReason::Cancelled);
+    assert_eq!(drafts, 3, "no step ran after the callback asked to stop");
+    assert!(gen.token_ids.is_empty());
+}
+
+#[test]
+fn bad_requests_are_named_errors() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let mut req = Request::tokens(vec![1, 2, 100_000]);
+    let err = model.generate(&req).unwrap_err().to_string();
+    assert!(err.contains("100000"), "{err}");
+    req.prompt = Prompt::Tokens(vec![]);
+    assert!(model
+        .generate(&req)
+        .unwrap_err()
+        .to_string()
+        .contains("prompt"));
+    req.prompt = Prompt::Tokens(vec![5]);
+    req.temperature = -1.0;
+    assert!(model
+        .generate(&req)
+        .unwrap_err()
+        .to_string()
+        .contains("temperature"));
+    req.temperature = 0.0;
+    req.sampler = Sampler::ConfidenceThreshold { threshold: 1.5 };
+    assert!(model
+        .generate(&req)
+        .unwrap_err()
+        .to_string()
+        .contains("threshold"));
+}

@@ -1,0 +1,57 @@
+//! Times decoder passes (denoising steps) on a checkpoint and prints one JSON line; used by
+//! tools/reference/bench_step.py for the side-by-side comparison with the reference.
+//!
+//! `cargo run --release --example step_time -- --model DIR --prompt-len 32 --steps 10`
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Parser;
+use dg_core::SelfConditioning;
+use dg_engine::DiffusionGemma;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 32)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let mut builder = DiffusionGemma::builder(&a.model);
+    if let Some(t) = a.threads {
+        builder = builder.threads(t);
+    }
+    let model = builder.load()?;
+    let vocab = model.model().vocab_size() as u32;
+    let canvas_len = model.model().config().canvas_length;
+    let prompt: Vec<u32> = (0..a.prompt_len as u32)
+        .map(|i| (i * 7 + 3) % vocab)
+        .collect();
+    let cache = model.prefill(&prompt)?;
+    let canvas: Vec<u32> = (0..canvas_len as u32)
+        .map(|i| (i * 37 + 11) % vocab)
+        .collect();
+    let logits = model.decoder_logits(&cache, &canvas, SelfConditioning::None)?;
+    let start = Instant::now();
+    for _ in 0..a.steps {
+        std::hint::black_box(model.decoder_logits(
+            &cache,
+            &canvas,
+            SelfConditioning::Logits(&logits),
+        )?);
+    }
+    let per_step = start.elapsed().as_secs_f64() / a.steps as f64;
+    println!(
+        "{}",
+        serde_json::json!({"per_step_s": per_step, "canvas": canvas_len, "prompt": a.prompt_len})
+    );
+    Ok(())
+}
