@@ -1,1 +1,28 @@
-//! dg-quant
+//! dg-quant: MLX affine quantized tensors and the CPU kernels that multiply with them.
+//!
+//! - [`QuantSpec`], [`QMatrix`], [`QExperts`]: the MLX layout (`format.rs`).
+//! - [`quantize`], [`quantize_f32`], [`dequantize`], [`embedding`]: bit-identical to
+//!   `mx.quantize` / `mx.dequantize` (`affine.rs`).
+//! - [`matmul_t`], [`matmul`], [`gather_matmul_t`], [`matmul_f32`]: products in f32
+//!   (`matmul.rs`), parallel on the current rayon pool ([`pool::build`]), with results that
+//!   do not depend on the thread count.
+//! - [`ops`]: small f32 operations shared by the models.
+//!
+//! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64, a scalar reference
+//! everywhere else).
+
+pub use half::bf16;
+
+mod affine;
+mod error;
+mod format;
+mod kernels;
+mod matmul;
+pub mod ops;
+pub mod pool;
+mod scratch;
+
+pub use affine::{dequantize, embedding, quantize, quantize_f32, Quantized, QuantizedF32};
+pub use error::QuantError;
+pub use format::{QExperts, QMatrix, QuantSpec};
+pub use matmul::{gather_matmul_t, matmul, matmul_f32, matmul_t};

@@ -1,1 +1,29 @@
-//! dg-tokenize
+//! dg-tokenize: text in and out of DiffusionGemma.
+//!
+//! - [`Tokenizer`]: a checkpoint's `tokenizer.json` + `tokenizer_config.json`, loaded the way
+//!   transformers 5 loads them (pure-Rust `tokenizers`, no C regex).
+//! - [`ChatTemplate`]: the checkpoint's Jinja chat template rendered with minijinja exactly as
+//!   transformers' `apply_chat_template` renders it with Jinja2.
+//! - [`StreamDetokenizer`]: UTF-8-safe incremental text, as the reference streams it.
+//! - [`expand_image_tokens`]: image placeholders to `boi + image * n + eoi` with token types.
+//!
+//! Every behaviour is checked against goldens from the Python reference
+//! (`tools/reference/dump_tokenize_goldens.py`).
+
+mod error;
+mod image;
+mod message;
+mod pycompat;
+mod stream;
+mod template;
+mod tokenizer;
+
+pub use error::{Error, Result};
+pub use image::{
+    count_image_placeholders, expand_image_tokens, ExpandedPrompt, ImageTokenIds, TOKEN_TYPE_IMAGE,
+    TOKEN_TYPE_TEXT,
+};
+pub use message::{Content, ContentPart, Message};
+pub use stream::{DecoderKind, StreamDetokenizer};
+pub use template::{ChatTemplate, RenderOptions};
+pub use tokenizer::{SpecialTokens, Tokenizer};

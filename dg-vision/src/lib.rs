@@ -1,1 +1,215 @@
-//! dg-vision
+//! Image input for DiffusionGemma: the Gemma 4 image processor, the vision tower and the
+//! multimodal embedder, matching mlx-optiq 0.7.7 (see `REFERENCE.md`, item 15).
+//!
+//! ```no_run
+//! use dg_vision::VisionModel;
+//! # fn main() -> Result<(), dg_vision::VisionError> {
+//! let vision = VisionModel::load("path/to/checkpoint")?;
+//! let image = vision.processor().prepare_path("photo.jpg")?;
+//! // The prompt gets `boi + image_token * image.soft_tokens + eoi` for this image ...
+//! let features = vision.encode(&image)?;
+//! // ... and these rows replace the image-token embeddings, in order.
+//! assert_eq!(features.tokens, image.soft_tokens);
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`decode`] (bytes to RGB as Pillow's `convert("RGB")`), [`preprocess`] (resize
+//! budget, Pillow-exact bicubic, rescale), [`patches`] (patchify and the inline-4-bit uint32
+//! quirk), the tower (`tower`, `rope2d`), the embedder, and the weight loader (`weights`).
+
+pub mod config;
+pub mod decode;
+mod embedder;
+pub mod error;
+mod linear;
+pub mod patches;
+pub mod preprocess;
+mod resize;
+mod rope2d;
+mod tower;
+mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use config::{CheckpointConfig, QuantConfig, QuantParams, VisionConfig};
+pub use decode::{decode_rgb8, DecodeLimits, ExifOrientation, RgbImage};
+pub use error::{Result, VisionError};
+pub use preprocess::{ImageProcessor, PreparedImage};
+pub use tower::TowerOutput;
+pub use weights::{find_vision_sidecar, WeightLayout};
+
+/// Features for one image, ready to replace its image-token embeddings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageFeatures {
+    /// Rows: the image's soft-token count.
+    pub tokens: usize,
+    /// Columns: the text model's hidden size.
+    pub hidden: usize,
+    /// `[tokens, hidden]`, row-major.
+    pub data: Vec<f32>,
+}
+
+/// Pillow's BICUBIC resize of packed RGB8, exposed for tests and tools.
+pub fn resize_bicubic_rgb8(
+    src: &[u8],
+    in_h: usize,
+    in_w: usize,
+    out_h: usize,
+    out_w: usize,
+) -> Result<Vec<u8>> {
+    if src.len() != in_h * in_w * 3 {
+        return Err(VisionError::PixelBuffer {
+            width: in_w,
+            height: in_h,
+            expected: in_h * in_w * 3,
+            got: src.len(),
+        });
+    }
+    if in_h == 0 || in_w == 0 || out_h == 0 || out_w == 0 {
+        return Err(VisionError::InvalidOption {
+            option: "size",
+            message: format!("{in_h}x{in_w} -> {out_h}x{out_w}: sides must be positive"),
+        });
+    }
+    Ok(resize::resize_bicubic_rgb8(src, in_h, in_w, out_h, out_w))
+}
+
+/// The vision tower plus embedder of one checkpoint.
+pub struct VisionModel {
+    config: CheckpointConfig,
+    vision: VisionConfig,
+    tower: tower::VisionTower,
+    embedder: embedder::Embedder,
+    layout: WeightLayout,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for VisionModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VisionModel")
+            .field("dir", &self.dir)
+            .field("layout", &self.layout)
+            .field("vision", &self.vision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VisionModel {
+    /// Loads the tower and embedder of the checkpoint in `dir`: from the model shards
+    /// (`model.encoder.vision_tower.*`, possibly quantized) or from the bf16 sidecar
+    /// `optiq/optiq_vision.safetensors` (or `optiq_vision.safetensors`). Fails with
+    /// [`VisionError::NoVisionTower`] when `config.json` has no `vision_config`.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let config = CheckpointConfig::load(dir)?;
+        let vision = config
+            .vision
+            .clone()
+            .ok_or_else(|| VisionError::NoVisionTower {
+                path: dir.join("config.json"),
+            })?;
+        let store = weights::TensorStore::open(dir)?;
+        let tower = tower::VisionTower::load(&store, &config.quantization, &vision)?;
+        let embedder = embedder::Embedder::load(
+            &store,
+            &config.quantization,
+            vision.hidden_size,
+            config.text_hidden_size,
+            vision.rms_norm_eps,
+        )?;
+        let probe = "model.encoder.vision_tower.patch_embedder.input_proj.weight";
+        let layout = match (&store.sidecar, store.from_sidecar(probe)) {
+            (Some(path), true) => WeightLayout::Sidecar { path: path.clone() },
+            _ => WeightLayout::Inline {
+                quantized: tower.quantized_input_proj(),
+            },
+        };
+        Ok(Self {
+            config,
+            vision,
+            tower,
+            embedder,
+            layout,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The checkpoint's `config.json` as far as the vision path reads it.
+    pub fn checkpoint_config(&self) -> &CheckpointConfig {
+        &self.config
+    }
+
+    pub fn vision_config(&self) -> &VisionConfig {
+        &self.vision
+    }
+
+    /// Where the tower's weights came from.
+    pub fn layout(&self) -> &WeightLayout {
+        &self.layout
+    }
+
+    /// Width of the features: the text model's hidden size.
+    pub fn text_hidden_size(&self) -> usize {
+        self.embedder.text_hidden()
+    }
+
+    /// The image processor the reference's public path uses (patch 16, pooling 3, 280 soft
+    /// tokens, whatever `processor_config.json` says).
+    pub fn processor(&self) -> ImageProcessor {
+        ImageProcessor::default()
+    }
+
+    fn check_image(&self, image: &PreparedImage) -> Result<()> {
+        let v = &self.vision;
+        if image.patch_size != v.patch_size || image.pooling_kernel_size != v.pooling_kernel_size {
+            return Err(VisionError::InvalidOption {
+                option: "patch_size / pooling_kernel_size",
+                message: format!(
+                    "image prepared with patch {} / pooling {}, the tower uses {} / {}",
+                    image.patch_size,
+                    image.pooling_kernel_size,
+                    v.patch_size,
+                    v.pooling_kernel_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The vision tower's output for one image (`[soft_tokens, vision_hidden]`), before the
+    /// embedder.
+    pub fn encode_tower(&self, image: &PreparedImage) -> Result<TowerOutput> {
+        self.check_image(image)?;
+        let out = self.tower.forward(&image.rgb, image.height, image.width)?;
+        debug_assert_eq!(out.tokens, image.soft_tokens);
+        Ok(out)
+    }
+
+    /// Patch projection plus position embeddings of the image's real patches
+    /// (`[n_patches, vision_hidden]`): the tower's first step, for diagnostics.
+    pub fn embed_patches(&self, image: &PreparedImage) -> Result<Vec<f32>> {
+        self.check_image(image)?;
+        self.tower
+            .embed_patches(&image.rgb, image.height, image.width)
+    }
+
+    /// `get_image_features` for one image: `[soft_tokens, text_hidden]`. These rows replace
+    /// the embeddings of the image's `soft_tokens` image-token positions, in order.
+    pub fn encode(&self, image: &PreparedImage) -> Result<ImageFeatures> {
+        let t = self.encode_tower(image)?;
+        let data = self.embedder.forward(&t.data, t.tokens)?;
+        Ok(ImageFeatures {
+            tokens: t.tokens,
+            hidden: self.embedder.text_hidden(),
+            data,
+        })
+    }
+
+    /// [`encode`](Self::encode) for several images, in order. The reference concatenates all
+    /// images' features and scatters them over the image tokens in prompt order; each image
+    /// is computed on its own (batching does not change the values). Unlike the reference's
+    /// public path (`np.stack`), images of different sizes are fine.
+    pub fn encode_all(&self, images: &[PreparedImage]) -> Result<Vec<ImageFeatures>> {
+        images.iter().map(|i| self.encode(i)).collect()
+    }
+}

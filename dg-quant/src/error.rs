@@ -1,0 +1,57 @@
+//! The crate's one error type.
+
+/// Everything dg-quant can reject. Messages name the argument at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuantError {
+    /// Bits outside MLX's affine set {2, 3, 4, 5, 6, 8}.
+    #[error(
+        "unsupported quantization width of {bits} bits (MLX affine supports 2, 3, 4, 5, 6 and 8)"
+    )]
+    UnsupportedBits { bits: u32 },
+    /// Group size outside MLX's set {32, 64, 128}.
+    #[error("unsupported quantization group size {group_size} (MLX supports 32, 64 and 128)")]
+    UnsupportedGroupSize { group_size: usize },
+    /// A matrix width that is not a whole number of groups.
+    #[error("{what}: width {cols} is not a multiple of the group size {group_size}")]
+    Width {
+        what: &'static str,
+        cols: usize,
+        group_size: usize,
+    },
+    /// A buffer whose length does not match the shape it is used with.
+    #[error("{what} has {actual} elements, expected {expected}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    /// A shape whose element count overflows `usize`.
+    #[error("{what}: shape overflows the address space")]
+    Overflow { what: &'static str },
+    /// An embedding lookup past the last row.
+    #[error("token id {id} is out of range for an embedding of {rows} rows")]
+    IdOutOfRange { id: u32, rows: usize },
+    /// An expert index past the last expert.
+    #[error("expert {expert} is out of range ({experts} experts)")]
+    ExpertOutOfRange { expert: usize, experts: usize },
+    /// A gathered-product pair naming an input row or expert that does not exist.
+    #[error("pair {pair} = (x row {x_row}, expert {expert}) is out of range ({x_rows} x rows, {experts} experts)")]
+    PairOutOfRange {
+        pair: usize,
+        x_row: usize,
+        expert: usize,
+        x_rows: usize,
+        experts: usize,
+    },
+    /// Quantizing a NaN or infinity (MLX's output would be meaningless).
+    #[error("weight {index} (row {row}) is not finite: {value}")]
+    NonFinite {
+        index: usize,
+        row: usize,
+        value: f32,
+    },
+    /// The thread pool could not be built.
+    #[error("thread pool: {0}")]
+    ThreadPool(String),
+}

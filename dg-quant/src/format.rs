@@ -1,0 +1,238 @@
+//! The MLX affine layout: a width and group size, and borrowed views of packed matrices.
+//!
+//! MLX stores a quantized `W [rows, cols]` as three row-major arrays:
+//! - `weight`: `u32 [rows, cols * bits / 32]`, each row one little-endian bit stream in which
+//!   element `k` occupies bits `k * bits .. (k + 1) * bits` (LSB first). For 2/4/8 bits MLX packs
+//!   whole `u32` words; for 3/5/6 bits it packs bytes (8 elements in 3 or 5 bytes, 4 elements in
+//!   3 bytes) and views them as `u32` — on a little-endian machine both are the same bit stream.
+//! - `scales`, `biases`: `[rows, cols / group_size]`, one pair per group of `group_size`
+//!   consecutive elements of a row; `w = scale * q + bias`.
+
+use half::bf16;
+
+use crate::QuantError;
+
+/// Width and group size of an MLX affine quantization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantSpec {
+    pub bits: u32,
+    pub group_size: usize,
+}
+
+impl QuantSpec {
+    /// `bits` in {2, 3, 4, 5, 6, 8}, `group_size` in {32, 64, 128} (what `mx.quantize` accepts).
+    pub fn new(bits: u32, group_size: usize) -> Result<Self, QuantError> {
+        if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) {
+            return Err(QuantError::UnsupportedBits { bits });
+        }
+        if !matches!(group_size, 32 | 64 | 128) {
+            return Err(QuantError::UnsupportedGroupSize { group_size });
+        }
+        Ok(QuantSpec { bits, group_size })
+    }
+
+    /// Largest quantized value, `2^bits - 1`.
+    pub fn max_q(&self) -> u32 {
+        (1u32 << self.bits) - 1
+    }
+
+    /// `u32` words per packed row of `cols` elements.
+    pub fn words_per_row(&self, cols: usize) -> usize {
+        cols * self.bits as usize / 32
+    }
+
+    /// `u32` words per group.
+    pub fn words_per_group(&self) -> usize {
+        self.group_size * self.bits as usize / 32
+    }
+
+    /// Checks that `cols` is a whole number of groups.
+    pub(crate) fn check_cols(&self, what: &'static str, cols: usize) -> Result<(), QuantError> {
+        if cols % self.group_size != 0 {
+            return Err(QuantError::Width {
+                what,
+                cols,
+                group_size: self.group_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn mul(what: &'static str, a: usize, b: usize) -> Result<usize, QuantError> {
+    a.checked_mul(b).ok_or(QuantError::Overflow { what })
+}
+
+pub(crate) fn check_len(
+    what: &'static str,
+    actual: usize,
+    expected: usize,
+) -> Result<(), QuantError> {
+    if actual != expected {
+        return Err(QuantError::Length {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// A borrowed row-major quantized matrix `W [rows = out, cols = in]`, packed as MLX does.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    pub packed: &'a [u32],
+    pub scales: &'a [bf16],
+    pub biases: &'a [bf16],
+    pub rows: usize,
+    pub cols: usize,
+    pub spec: QuantSpec,
+}
+
+impl<'a> QMatrix<'a> {
+    /// Checks every length against `rows x cols` and `spec`.
+    pub fn new(
+        packed: &'a [u32],
+        scales: &'a [bf16],
+        biases: &'a [bf16],
+        rows: usize,
+        cols: usize,
+        spec: QuantSpec,
+    ) -> Result<Self, QuantError> {
+        spec.check_cols("quantized matrix", cols)?;
+        let words = mul("quantized matrix", rows, spec.words_per_row(cols))?;
+        let groups = mul("quantized matrix", rows, cols / spec.group_size)?;
+        mul("quantized matrix", rows, cols)?;
+        check_len("packed weight", packed.len(), words)?;
+        check_len("scales", scales.len(), groups)?;
+        check_len("biases", biases.len(), groups)?;
+        Ok(QMatrix {
+            packed,
+            scales,
+            biases,
+            rows,
+            cols,
+            spec,
+        })
+    }
+
+    /// Groups per row.
+    pub fn groups_per_row(&self) -> usize {
+        self.cols / self.spec.group_size
+    }
+
+    /// Packed words of row `r` (`r < rows`).
+    #[inline]
+    pub(crate) fn row_words(&self, r: usize) -> &'a [u32] {
+        let w = self.spec.words_per_row(self.cols);
+        &self.packed[r * w..(r + 1) * w]
+    }
+
+    /// Scales and biases of row `r` (`r < rows`).
+    #[inline]
+    pub(crate) fn row_params(&self, r: usize) -> (&'a [bf16], &'a [bf16]) {
+        let g = self.groups_per_row();
+        (
+            &self.scales[r * g..(r + 1) * g],
+            &self.biases[r * g..(r + 1) * g],
+        )
+    }
+
+    /// Rows `r0..r1` as a matrix of their own.
+    pub(crate) fn row_slice(&self, r0: usize, r1: usize) -> QMatrix<'a> {
+        let w = self.spec.words_per_row(self.cols);
+        let g = self.groups_per_row();
+        QMatrix {
+            packed: &self.packed[r0 * w..r1 * w],
+            scales: &self.scales[r0 * g..r1 * g],
+            biases: &self.biases[r0 * g..r1 * g],
+            rows: r1 - r0,
+            cols: self.cols,
+            spec: self.spec,
+        }
+    }
+
+    /// Bytes of weights a full pass reads (packed + scales + biases).
+    pub fn bytes(&self) -> usize {
+        self.packed.len() * 4 + (self.scales.len() + self.biases.len()) * 2
+    }
+}
+
+/// `experts` stacked quantized matrices `[E, rows, cols]` (MLX `SwitchLinear` layout).
+#[derive(Clone, Copy, Debug)]
+pub struct QExperts<'a> {
+    pub packed: &'a [u32],
+    pub scales: &'a [bf16],
+    pub biases: &'a [bf16],
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub spec: QuantSpec,
+}
+
+impl<'a> QExperts<'a> {
+    /// Checks every length against `experts x rows x cols` and `spec`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        packed: &'a [u32],
+        scales: &'a [bf16],
+        biases: &'a [bf16],
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        spec: QuantSpec,
+    ) -> Result<Self, QuantError> {
+        spec.check_cols("quantized experts", cols)?;
+        let per = mul("quantized experts", rows, spec.words_per_row(cols))?;
+        let gper = mul("quantized experts", rows, cols / spec.group_size)?;
+        mul(
+            "quantized experts",
+            mul("quantized experts", rows, cols)?,
+            experts,
+        )?;
+        check_len(
+            "packed expert weights",
+            packed.len(),
+            mul("quantized experts", experts, per)?,
+        )?;
+        check_len(
+            "expert scales",
+            scales.len(),
+            mul("quantized experts", experts, gper)?,
+        )?;
+        check_len(
+            "expert biases",
+            biases.len(),
+            mul("quantized experts", experts, gper)?,
+        )?;
+        Ok(QExperts {
+            packed,
+            scales,
+            biases,
+            experts,
+            rows,
+            cols,
+            spec,
+        })
+    }
+
+    /// Expert `e`'s `[rows, cols]` matrix.
+    pub fn expert(&self, e: usize) -> Result<QMatrix<'a>, QuantError> {
+        if e >= self.experts {
+            return Err(QuantError::ExpertOutOfRange {
+                expert: e,
+                experts: self.experts,
+            });
+        }
+        let per = self.rows * self.spec.words_per_row(self.cols);
+        let gper = self.rows * (self.cols / self.spec.group_size);
+        QMatrix::new(
+            &self.packed[e * per..(e + 1) * per],
+            &self.scales[e * gper..(e + 1) * gper],
+            &self.biases[e * gper..(e + 1) * gper],
+            self.rows,
+            self.cols,
+            self.spec,
+        )
+    }
+}

@@ -1,0 +1,97 @@
+//! Kernel dispatch: the SIMD body when the CPU has it (checked at run time), else the
+//! portable scalar reference. Callers pass validated slices.
+
+use half::bf16;
+
+use crate::QuantSpec;
+
+pub mod gemm;
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_64;
+
+/// Whether the AVX2 + FMA kernels can run here.
+#[inline]
+pub fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_64::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One dequantized row (bit-identical on every path).
+#[inline]
+pub fn dequant_row(
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    spec: QuantSpec,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(spec.bits, 2 | 4 | 8) && has_avx2_fma() {
+        return x86_64::dequant_row(words, scales, biases, spec.bits, spec.group_size, out);
+    }
+    scalar::dequant_row(words, scales, biases, spec, out)
+}
+
+/// Whether the fused dot products of this width run in SIMD.
+fn simd_dot(spec: QuantSpec) -> bool {
+    cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && has_avx2_fma()
+}
+
+/// One activation row in the form the fused dot-product kernels consume: its group sums and
+/// its elements in the kernel's order (built once, reused for every weight row).
+pub struct PreparedX {
+    x: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+/// Prepares `x` (one row of `W.cols` elements) for `dot_rows` with weights of `spec`.
+pub fn prepare_x(x: &[f32], spec: QuantSpec) -> PreparedX {
+    let mut sums = vec![0.0f32; x.len() / spec.group_size];
+    scalar::group_sums(x, spec.group_size, &mut sums);
+    #[cfg(target_arch = "x86_64")]
+    if spec.bits == 4 && simd_dot(spec) {
+        let mut xp = vec![0.0f32; x.len()];
+        x86_64::permute_x_4bit(x, &mut xp);
+        return PreparedX { x: xp, sums };
+    }
+    PreparedX { x: x.to_vec(), sums }
+}
+
+/// Fused dot products of a prepared `x` with consecutive rows of a quantized matrix:
+/// `out[i] = x . W[i]`; `words`, `scales`, `biases` hold `out.len()` rows.
+pub fn dot_rows(x: &PreparedX, words: &[u32], scales: &[bf16], biases: &[bf16], spec: QuantSpec, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_dot(spec) {
+        return x86_64::dot_rows(&x.x, &x.sums, words, scales, biases, spec.bits, spec.group_size, out);
+    }
+    let cols = x.x.len();
+    let wpr = spec.words_per_row(cols);
+    let gpr = cols / spec.group_size;
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = scalar::dot_row(
+            &x.x,
+            &x.sums,
+            &words[i * wpr..(i + 1) * wpr],
+            &scales[i * gpr..(i + 1) * gpr],
+            &biases[i * gpr..(i + 1) * gpr],
+            spec,
+        );
+    }
+}
+
+/// `out[j] = fma(a, v[j], out[j])`.
+#[inline]
+pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return x86_64::axpy(a, v, out);
+    }
+    scalar::axpy(a, v, out)
+}

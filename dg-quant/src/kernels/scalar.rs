@@ -1,0 +1,108 @@
+//! Portable reference kernels. Every SIMD kernel in `x86_64.rs` has its twin here and a test
+//! against it; these are also the fallback on CPUs without AVX2/FMA.
+//!
+//! Arguments are trusted (the safe entry points in `affine.rs` / `matmul.rs` validate lengths):
+//! `words` is one packed row, `scales`/`biases` its groups, `x`/`out` sized to match.
+
+use half::bf16;
+
+use crate::QuantSpec;
+
+/// Element `k` of a packed row: bits `k * bits ..` of the little-endian bit stream.
+#[inline(always)]
+pub fn unpack(words: &[u32], k: usize, bits: u32) -> u32 {
+    let bit = k * bits as usize;
+    let (word, shift) = (bit / 32, (bit % 32) as u32);
+    let mut v = (words[word] as u64) >> shift;
+    if shift + bits > 32 {
+        v |= (words[word + 1] as u64) << (32 - shift);
+    }
+    (v as u32) & ((1u32 << bits) - 1)
+}
+
+/// `scale * q + bias` rounded twice (a product, then a sum), as MLX's `mx.dequantize` computes
+/// it in float32: two separate array ops, no fused multiply-add.
+#[inline(always)]
+pub fn dequant_value(q: u32, scale: f32, bias: f32) -> f32 {
+    let prod = scale * q as f32;
+    prod + bias
+}
+
+/// One dequantized row of `out.len()` elements.
+pub fn dequant_row(
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    spec: QuantSpec,
+    out: &mut [f32],
+) {
+    let g = spec.group_size;
+    for (gi, chunk) in out.chunks_exact_mut(g).enumerate() {
+        let (s, b) = (scales[gi].to_f32(), biases[gi].to_f32());
+        for (j, o) in chunk.iter_mut().enumerate() {
+            *o = dequant_value(unpack(words, gi * g + j, spec.bits), s, b);
+        }
+    }
+}
+
+/// Per-group sums of `x` (the bias term of the fused dot product).
+pub fn group_sums(x: &[f32], group_size: usize, out: &mut [f32]) {
+    for (o, chunk) in out.iter_mut().zip(x.chunks_exact(group_size)) {
+        *o = chunk.iter().sum();
+    }
+}
+
+/// Fused dot product of `x` with one quantized row, without materializing it:
+/// `sum_g scale_g * (sum_{k in g} x_k q_k) + sum_g bias_g * xsum_g`.
+/// `xsum` holds the group sums of `x` (`group_sums`).
+pub fn dot_row(
+    x: &[f32],
+    xsum: &[f32],
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    spec: QuantSpec,
+) -> f32 {
+    let g = spec.group_size;
+    let mut acc = 0.0f32;
+    let mut acc_bias = 0.0f32;
+    for (gi, xg) in x.chunks_exact(g).enumerate() {
+        let mut dot = 0.0f32;
+        for (j, xv) in xg.iter().enumerate() {
+            dot += xv * unpack(words, gi * g + j, spec.bits) as f32;
+        }
+        acc += scales[gi].to_f32() * dot;
+        acc_bias += biases[gi].to_f32() * xsum[gi];
+    }
+    acc + acc_bias
+}
+
+/// `out[j] = fma(a, v[j], out[j])`.
+pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(v) {
+        *o = a.mul_add(*v, *o);
+    }
+}
+
+/// MLX's own definition of one output of `quantized_matmul(transpose=True)` on the CPU
+/// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
+/// ground-truth formula; the fast paths reorder the sum.
+pub fn dot_row_mlx(
+    x: &[f32],
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    spec: QuantSpec,
+) -> f32 {
+    let g = spec.group_size;
+    let mut sum = 0.0f32;
+    for (k, xv) in x.iter().enumerate() {
+        let w = dequant_value(
+            unpack(words, k, spec.bits),
+            scales[k / g].to_f32(),
+            biases[k / g].to_f32(),
+        );
+        sum += xv * w;
+    }
+    sum
+}

@@ -1,0 +1,93 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in dg-tokenize. Each variant names the file, field or token at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not valid JSON.
+    #[error("parsing {path}: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A JSON file parsed but a field has the wrong shape or value.
+    #[error("{path}: field `{field}`: {message}")]
+    Field {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+    /// The `tokenizers` library rejected tokenizer.json (or our adjustment of it).
+    #[error("loading tokenizer {path}: {message}")]
+    TokenizerLoad { path: PathBuf, message: String },
+    /// Encoding text failed inside `tokenizers`.
+    #[error("encoding text ({chars} chars): {message}")]
+    Encode { chars: usize, message: String },
+    /// Decoding ids failed inside `tokenizers`.
+    #[error("decoding {len} token ids: {message}")]
+    Decode { len: usize, message: String },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
+    UnknownTokenId { id: u32, vocab_size: usize },
+    /// A token string the vocabulary does not contain.
+    #[error("token `{token}` is not in the vocabulary")]
+    UnknownToken { token: String },
+    /// The chat template failed to compile or render (includes `raise_exception` calls).
+    #[error("chat template `{name}`: {message}")]
+    Template { name: String, message: String },
+    /// A checkpoint directory has no chat template.
+    #[error(
+        "no chat template in {dir} (looked for chat_template.jinja and tokenizer_config.json `chat_template`)"
+    )]
+    NoChatTemplate { dir: PathBuf },
+    /// A chat message or tool could not be turned into template values.
+    #[error("serializing {what} for the chat template: {message}")]
+    Serialize { what: String, message: String },
+    /// Image placeholders in the prompt and per-image token counts disagree.
+    #[error(
+        "prompt has {placeholders} image placeholder token(s) (id {image_token_id}) but {images} image token count(s) were given"
+    )]
+    ImageCountMismatch {
+        placeholders: usize,
+        images: usize,
+        image_token_id: u32,
+    },
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn field(path: &std::path::Path, field: &str, message: impl Into<String>) -> Self {
+        Error::Field {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn template(name: &str, err: &minijinja::Error) -> Self {
+        // minijinja's Display already names the template and line; append any chained causes.
+        let mut message = err.to_string();
+        let mut source = std::error::Error::source(err);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        Error::Template {
+            name: name.to_string(),
+            message,
+        }
+    }
+}

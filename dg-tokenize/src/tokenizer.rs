@@ -1,0 +1,557 @@
+//! The tokenizer, loaded from a checkpoint's `tokenizer.json` + `tokenizer_config.json` the way
+//! transformers 5 loads it (which is what the reference's `AutoTokenizer.from_pretrained` runs).
+//!
+//! What transformers does beyond reading tokenizer.json, and this module repeats:
+//! - `GemmaTokenizer` (the class Gemma checkpoints name) rebuilds the pipeline from the file's
+//!   vocab and merges: normalizer `Replace(" " -> "▁")`, pre-tokenizer `Split(" ",
+//!   merged_with_previous)`, BPE with `byte_fallback` and `fuse_unk`, decoder `Replace("▁" -> " ")
+//!   + ByteFallback + Fuse`. Only the post-processor and added tokens come from the file.
+//! - When tokenizer_config.json sets `add_bos_token` / `add_eos_token` (or the file has no
+//!   post-processor) the post-processor is replaced by `[bos] $A [eos]` per those flags.
+//! - Named special tokens (`bos_token`, ..., and model-specific ones such as `image_token`) missing
+//!   from the added tokens are added as special tokens.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, PostProcessorWrapper};
+
+use crate::error::{Error, Result};
+use crate::stream::{DecoderKind, PieceTable, StreamDetokenizer};
+use crate::template::{ChatTemplate, RenderOptions};
+use crate::Message;
+
+/// The named special-token attributes transformers knows, in its order.
+const NAMED_SPECIALS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// Special tokens declared by tokenizer_config.json.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecialTokens {
+    /// Named tokens in transformers' order: `bos_token`, `eos_token`, `unk_token`, `sep_token`,
+    /// `pad_token`, `cls_token`, `mask_token`, then model-specific names from the config's
+    /// `extra_special_tokens` mapping (`image_token`, `boi_token`, ...). Only those that are set.
+    pub named: Vec<(String, String)>,
+    /// Unnamed extra special tokens (`extra_special_tokens` / `additional_special_tokens` lists).
+    pub extra: Vec<String>,
+}
+
+impl SpecialTokens {
+    /// The token string of a named special token (`"bos_token"`, `"image_token"`, ...).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.named
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// All special token strings, named first, without duplicates (transformers'
+    /// `all_special_tokens`).
+    pub fn all(&self) -> Vec<&str> {
+        let mut seen = HashSet::new();
+        self.named
+            .iter()
+            .map(|(_, v)| v.as_str())
+            .chain(self.extra.iter().map(String::as_str))
+            .filter(|t| seen.insert(*t))
+            .collect()
+    }
+}
+
+/// A loaded tokenizer.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    path: PathBuf,
+    specials: SpecialTokens,
+    special_ids: HashSet<u32>,
+    clean_up_spaces: bool,
+    model_is_bpe: bool,
+    decoder_kind: DecoderKind,
+    pieces: Arc<PieceTable>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size())
+            .field("specials", &self.specials)
+            .field("decoder_kind", &self.decoder_kind)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A special token as tokenizer_config.json writes it: a string or an AddedToken dict.
+fn token_string(path: &Path, field: &str, v: &Value) -> Result<Option<String>> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Object(o) => match o.get("content") {
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            _ => Err(Error::field(
+                path,
+                field,
+                "token object has no string `content`",
+            )),
+        },
+        _ => Err(Error::field(
+            path,
+            field,
+            "expected a string or a token object",
+        )),
+    }
+}
+
+fn opt_bool(path: &Path, config: &Map<String, Value>, field: &str) -> Result<Option<bool>> {
+    match config.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(Error::field(path, field, "expected true or false")),
+    }
+}
+
+/// The parts of tokenizer_config.json that change tokenization.
+#[derive(Debug, Default)]
+struct TokenizerConfig {
+    class: Option<String>,
+    specials: SpecialTokens,
+    add_bos: Option<bool>,
+    add_eos: Option<bool>,
+    clean_up_spaces: bool,
+}
+
+fn parse_config(path: &Path, json: &Value) -> Result<TokenizerConfig> {
+    let obj = json
+        .as_object()
+        .ok_or_else(|| Error::field(path, "<root>", "expected a JSON object"))?;
+    let mut cfg = TokenizerConfig {
+        class: obj
+            .get("tokenizer_class")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        add_bos: opt_bool(path, obj, "add_bos_token")?,
+        add_eos: opt_bool(path, obj, "add_eos_token")?,
+        clean_up_spaces: opt_bool(path, obj, "clean_up_tokenization_spaces")?.unwrap_or(false),
+        ..TokenizerConfig::default()
+    };
+    for name in NAMED_SPECIALS {
+        if let Some(v) = obj.get(name) {
+            if let Some(tok) = token_string(path, name, v)? {
+                cfg.specials.named.push((name.to_string(), tok));
+            }
+        }
+    }
+    for list_field in ["extra_special_tokens", "additional_special_tokens"] {
+        match obj.get(list_field) {
+            None | Some(Value::Null) => {}
+            // A mapping declares model-specific *named* tokens (image_token, boi_token, ...).
+            Some(Value::Object(map)) => {
+                for (name, v) in map {
+                    let field = format!("{list_field}.{name}");
+                    if let Some(tok) = token_string(path, &field, v)? {
+                        cfg.specials.named.retain(|(k, _)| k != name);
+                        cfg.specials.named.push((name.clone(), tok));
+                    }
+                }
+            }
+            Some(Value::Array(items)) => {
+                for (i, v) in items.iter().enumerate() {
+                    let field = format!("{list_field}[{i}]");
+                    if let Some(tok) = token_string(path, &field, v)? {
+                        if !cfg.specials.extra.contains(&tok) {
+                            cfg.specials.extra.push(tok);
+                        }
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(Error::field(
+                    path,
+                    list_field,
+                    "expected a mapping or a list of tokens",
+                ))
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+/// Rebuilds the pipeline exactly as transformers' `GemmaTokenizer.__init__` does.
+fn apply_gemma_pipeline(path: &Path, json: &mut Value, unk_token: &str) -> Result<()> {
+    let root = json
+        .as_object_mut()
+        .ok_or_else(|| Error::field(path, "<root>", "expected a JSON object"))?;
+    let model = root
+        .get_mut("model")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| Error::field(path, "model", "missing or not an object"))?;
+    if model.get("type").and_then(Value::as_str) != Some("BPE") {
+        return Err(Error::field(
+            path,
+            "model.type",
+            "GemmaTokenizer needs a BPE model",
+        ));
+    }
+    model.insert("dropout".into(), Value::Null);
+    model.insert("unk_token".into(), Value::String(unk_token.to_string()));
+    model.insert("continuing_subword_prefix".into(), Value::Null);
+    model.insert("end_of_word_suffix".into(), Value::Null);
+    model.insert("fuse_unk".into(), Value::Bool(true));
+    model.insert("byte_fallback".into(), Value::Bool(true));
+    model.insert("ignore_merges".into(), Value::Bool(false));
+    root.insert(
+        "normalizer".into(),
+        json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}),
+    );
+    root.insert(
+        "pre_tokenizer".into(),
+        json!({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false}),
+    );
+    root.insert(
+        "decoder".into(),
+        json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"}
+        ]}),
+    );
+    Ok(())
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` and, when present, `tokenizer_config.json` from a checkpoint dir.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let config = dir.join("tokenizer_config.json");
+        Self::from_files(
+            dir.join("tokenizer.json"),
+            config.is_file().then_some(config.as_path()),
+        )
+    }
+
+    /// Loads a tokenizer from explicit file paths.
+    pub fn from_files(
+        tokenizer_json: impl AsRef<Path>,
+        tokenizer_config: Option<&Path>,
+    ) -> Result<Self> {
+        let path = tokenizer_json.as_ref().to_path_buf();
+        let mut json = read_json(&path)?;
+        let cfg = match tokenizer_config {
+            Some(p) => parse_config(p, &read_json(p)?)?,
+            None => TokenizerConfig::default(),
+        };
+        // The reference picks its streaming detokenizer from the decoder *as written in the file*.
+        let decoder_kind = DecoderKind::from_json(json.get("decoder"));
+        let model_is_bpe = json.pointer("/model/type").and_then(Value::as_str) == Some("BPE");
+
+        if matches!(
+            cfg.class.as_deref(),
+            Some("GemmaTokenizer") | Some("GemmaTokenizerFast")
+        ) {
+            let unk = cfg.specials.get("unk_token").unwrap_or("<unk>").to_string();
+            apply_gemma_pipeline(&path, &mut json, &unk)?;
+        }
+        let file_has_post_processor = json.get("post_processor").is_some_and(|p| !p.is_null());
+
+        let text = serde_json::to_string(&json).map_err(|source| Error::Json {
+            path: path.clone(),
+            source,
+        })?;
+        let mut inner: tokenizers::Tokenizer =
+            text.parse()
+                .map_err(|e: tokenizers::Error| Error::TokenizerLoad {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+
+        // Named / extra special tokens that tokenizer.json does not already declare.
+        let added: HashSet<String> = inner
+            .get_added_tokens_decoder()
+            .values()
+            .map(|t| t.content.clone())
+            .collect();
+        let missing: Vec<AddedToken> = cfg
+            .specials
+            .all()
+            .into_iter()
+            .filter(|t| !added.contains(*t))
+            .map(|t| AddedToken::from(t.to_string(), true).normalized(false))
+            .collect();
+        if !missing.is_empty() {
+            inner.add_special_tokens(&missing);
+        }
+
+        if cfg.add_bos.is_some() || cfg.add_eos.is_some() || !file_has_post_processor {
+            let pp = bos_eos_post_processor(
+                &path,
+                &inner,
+                &cfg.specials,
+                cfg.add_bos.unwrap_or(false),
+                cfg.add_eos.unwrap_or(false),
+            )?;
+            inner.with_post_processor(Some(PostProcessorWrapper::Template(pp)));
+        }
+
+        let special_ids = cfg
+            .specials
+            .all()
+            .into_iter()
+            .filter_map(|t| inner.token_to_id(t))
+            .collect();
+        let pieces = Arc::new(PieceTable::new(&inner));
+        Ok(Tokenizer {
+            inner: Arc::new(inner),
+            path,
+            specials: cfg.specials,
+            special_ids,
+            clean_up_spaces: cfg.clean_up_spaces,
+            model_is_bpe,
+            decoder_kind,
+            pieces,
+        })
+    }
+
+    /// The `tokenizers` object underneath.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The tokenizer.json this was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Encodes text. `add_special_tokens` applies the post-processor (e.g. a BOS if configured),
+    /// as Python `tokenizer.encode(text, add_special_tokens=...)` does.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::Encode {
+                chars: text.chars().count(),
+                message: e.to_string(),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, as Python `tokenizer.decode(ids, skip_special_tokens=...)`.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let vocab_size = self.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(Error::UnknownTokenId { id, vocab_size });
+        }
+        let text = self
+            .inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| Error::Decode {
+                len: ids.len(),
+                message: e.to_string(),
+            })?;
+        // transformers never applies its WordPiece-era cleanup to BPE models.
+        Ok(if self.clean_up_spaces && !self.model_is_bpe {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
+    }
+
+    /// Number of token ids, added tokens included (Python `len(tokenizer)`).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The id of a token string (added or in the model vocab).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token string of an id.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a named special token (`"bos_token"`, `"image_token"`, ...), if declared.
+    pub fn special_token_id(&self, name: &str) -> Option<u32> {
+        self.specials.get(name).and_then(|t| self.token_to_id(t))
+    }
+
+    /// Whether `id` is one of the declared special tokens (transformers' `all_special_ids`:
+    /// named and extra special tokens, e.g. `<bos>`, `<eos>`, `<|image|>`; not every control token
+    /// of the vocabulary).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+
+    /// Ids of the declared special tokens, in transformers' `all_special_ids` order.
+    pub fn special_ids(&self) -> Vec<u32> {
+        self.specials
+            .all()
+            .into_iter()
+            .filter_map(|t| self.token_to_id(t))
+            .collect()
+    }
+
+    /// Whether decoding with `skip_special_tokens=true` drops `id` (any added token marked
+    /// special in tokenizer.json, e.g. `<|turn>`).
+    pub fn is_skipped_on_decode(&self, id: u32) -> bool {
+        self.inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
+    }
+
+    /// The declared special tokens.
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.specials
+    }
+
+    /// The variables transformers passes to a chat template for the tokenizer
+    /// (`special_tokens_map`: `bos_token`, `eos_token`, ..., `image_token`, ...).
+    pub fn special_tokens_map(&self) -> Map<String, Value> {
+        self.specials
+            .named
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect()
+    }
+
+    /// The `eos_token` id, if declared.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.special_token_id("eos_token")
+    }
+
+    /// The `bos_token` id, if declared.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.special_token_id("bos_token")
+    }
+
+    /// The stop-token set the reference uses: the tokenizer's EOS first, then the model config's
+    /// `eos_token_id` entries (DiffusionGemma: `[1, 106]` gives {1, 106}), duplicates removed.
+    pub fn eos_token_ids(&self, config_eos: &[u32]) -> Vec<u32> {
+        let mut out = Vec::new();
+        for id in self
+            .eos_token_id()
+            .into_iter()
+            .chain(config_eos.iter().copied())
+        {
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// A fresh streaming detokenizer of the kind the reference picks for this tokenizer.
+    pub fn stream_detokenizer(&self) -> StreamDetokenizer {
+        StreamDetokenizer::new(self.decoder_kind, self.pieces.clone(), self.inner.clone())
+    }
+
+    /// The chat template of `template` rendered for `messages` and encoded without adding
+    /// special tokens, as `apply_chat_template(..., tokenize=True)` does.
+    pub fn apply_chat_template(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+        options: &RenderOptions,
+    ) -> Result<Vec<u32>> {
+        let text = template.render(messages, options)?;
+        self.encode(&text, false)
+    }
+}
+
+/// transformers' `update_post_processor`: `[bos:0] $A:0 [eos:0]` per the flags.
+fn bos_eos_post_processor(
+    path: &Path,
+    inner: &tokenizers::Tokenizer,
+    specials: &SpecialTokens,
+    add_bos: bool,
+    add_eos: bool,
+) -> Result<TemplateProcessing> {
+    let lookup = |name: &str| -> Result<Option<(String, u32)>> {
+        let Some(tok) = specials.get(name) else {
+            return Ok(None);
+        };
+        match inner.token_to_id(tok) {
+            Some(id) => Ok(Some((tok.to_string(), id))),
+            None => Err(Error::field(
+                path,
+                name,
+                format!("special token `{tok}` is not in the vocabulary"),
+            )),
+        }
+    };
+    // A flag without its token is dropped, as transformers does.
+    let bos = if add_bos { lookup("bos_token")? } else { None };
+    let eos = if add_eos { lookup("eos_token")? } else { None };
+    let piece = |t: &Option<(String, u32)>, seq: u32| {
+        t.as_ref()
+            .map(|(s, _)| format!("{s}:{seq}"))
+            .unwrap_or_default()
+    };
+    let join = |parts: &[String]| {
+        parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let single = join(&[piece(&bos, 0), "$A:0".into(), piece(&eos, 0)]);
+    let pair = join(&[
+        piece(&bos, 0),
+        "$A:0".into(),
+        piece(&eos, 0),
+        piece(&bos, 1),
+        "$B:1".into(),
+        piece(&eos, 1),
+    ]);
+    let specials: Vec<(String, u32)> = bos.into_iter().chain(eos).collect();
+    let err = |e: String| Error::TokenizerLoad {
+        path: path.to_path_buf(),
+        message: format!("building the BOS/EOS post-processor: {e}"),
+    };
+    TemplateProcessing::builder()
+        .try_single(single.as_str())
+        .map_err(|e| err(e.to_string()))?
+        .try_pair(pair.as_str())
+        .map_err(|e| err(e.to_string()))?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| err(e.to_string()))
+}
+
+/// transformers' `clean_up_tokenization` (only used for non-BPE models).
+fn clean_up_tokenization(s: &str) -> String {
+    s.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+}

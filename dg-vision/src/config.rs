@@ -1,0 +1,332 @@
+//! The parts of `config.json` the vision path reads, with the reference's defaults
+//! (`optiq/vlm/_mlxvlm/models/gemma4/config.py::VisionConfig`,
+//! `diffusion_gemma/config.py::ModelConfig`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{Result, VisionError};
+
+/// `vision_config`: the tower's geometry. Missing fields take the reference dataclass defaults.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct VisionConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub default_output_length: usize,
+    pub patch_size: usize,
+    pub position_embedding_size: usize,
+    pub pooling_kernel_size: usize,
+    pub use_clipped_linears: bool,
+    pub standardize: bool,
+    pub rope_parameters: RopeParameters,
+}
+
+/// `vision_config.rope_parameters`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct RopeParameters {
+    pub rope_theta: f32,
+}
+
+impl Default for RopeParameters {
+    fn default() -> Self {
+        Self { rope_theta: 100.0 }
+    }
+}
+
+impl Default for VisionConfig {
+    fn default() -> Self {
+        Self {
+            hidden_size: 768,
+            intermediate_size: 3072,
+            num_hidden_layers: 16,
+            num_attention_heads: 12,
+            num_key_value_heads: 12,
+            head_dim: 64,
+            rms_norm_eps: 1e-6,
+            default_output_length: 280,
+            patch_size: 16,
+            position_embedding_size: 10240,
+            pooling_kernel_size: 3,
+            use_clipped_linears: false,
+            standardize: false,
+            rope_parameters: RopeParameters::default(),
+        }
+    }
+}
+
+impl VisionConfig {
+    /// The padded patch count: `default_output_length * pooling_kernel_size^2` (2520).
+    pub fn max_patches(&self) -> usize {
+        self.default_output_length * self.pooling_kernel_size * self.pooling_kernel_size
+    }
+
+    /// Channels per spatial dimension of the 2-D RoPE: `2 * (head_dim / 4)`.
+    pub fn rope_channels_per_dim(&self) -> usize {
+        2 * (self.head_dim / 4)
+    }
+
+    pub(crate) fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, message: String| VisionError::Config {
+            path: path.to_path_buf(),
+            field: format!("vision_config.{field}"),
+            message,
+        };
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("default_output_length", self.default_output_length),
+            ("patch_size", self.patch_size),
+            ("pooling_kernel_size", self.pooling_kernel_size),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(bad(field, "must be positive".into()));
+            }
+        }
+        if self.head_dim % 4 != 0 {
+            // The reference's 2-D RoPE splits the head into two halves of 2*(head_dim/4)
+            // channels; any other head_dim loses channels and crashes in its attention.
+            return Err(bad(
+                "head_dim",
+                format!("{} is not a multiple of 4", self.head_dim),
+            ));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(bad(
+                "num_key_value_heads",
+                format!(
+                    "{} does not divide num_attention_heads {}",
+                    self.num_key_value_heads, self.num_attention_heads
+                ),
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(bad("rms_norm_eps", format!("{}", self.rms_norm_eps)));
+        }
+        if !(self.rope_parameters.rope_theta.is_finite() && self.rope_parameters.rope_theta > 0.0) {
+            return Err(bad(
+                "rope_parameters.rope_theta",
+                format!("{}", self.rope_parameters.rope_theta),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bits and group size of one quantized module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantParams {
+    pub bits: u32,
+    pub group_size: usize,
+}
+
+/// `config.json`'s `quantization`: the defaults plus per-module entries. A module is quantized
+/// when the checkpoint carries `<path>.scales` (the reference loader's predicate); its
+/// parameters come from its own entry if there is one, else from the defaults.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QuantConfig {
+    pub default: Option<QuantParams>,
+    pub per_module: BTreeMap<String, QuantParams>,
+}
+
+impl QuantConfig {
+    /// Parameters for the module at `path` (its full name, e.g.
+    /// `model.encoder.vision_tower.encoder.layers.0.self_attn.q_proj.linear`).
+    pub fn params_for(&self, path: &str) -> Option<QuantParams> {
+        self.per_module.get(path).copied().or(self.default)
+    }
+}
+
+/// What the vision path needs from a checkpoint's `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct CheckpointConfig {
+    /// `None` when the checkpoint has no vision tower.
+    pub vision: Option<VisionConfig>,
+    /// `text_config.hidden_size`: the width the embedder projects into.
+    pub text_hidden_size: usize,
+    pub quantization: QuantConfig,
+    pub image_token_id: Option<u32>,
+    pub boi_token_id: Option<u32>,
+    pub eoi_token_id: Option<u32>,
+}
+
+impl CheckpointConfig {
+    /// Reads `<dir>/config.json`.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| VisionError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| VisionError::Config {
+            path: path.clone(),
+            field: "(file)".into(),
+            message: e.to_string(),
+        })?;
+        Self::from_json(&value, &path)
+    }
+
+    /// Parses an already-read `config.json`; `path` is only used in errors.
+    pub fn from_json(value: &Value, path: &Path) -> Result<Self> {
+        let err = |field: &str, message: String| VisionError::Config {
+            path: PathBuf::from(path),
+            field: field.to_string(),
+            message,
+        };
+        let vision = match value.get("vision_config") {
+            None | Some(Value::Null) => None,
+            Some(v) => {
+                let cfg: VisionConfig = serde_json::from_value(v.clone())
+                    .map_err(|e| err("vision_config", e.to_string()))?;
+                cfg.validate(path)?;
+                Some(cfg)
+            }
+        };
+        // TextConfig.hidden_size defaults to 2816 in the reference.
+        let text_hidden_size = match value.get("text_config").and_then(|t| t.get("hidden_size")) {
+            None => 2816,
+            Some(v) => v
+                .as_u64()
+                .filter(|&h| h > 0)
+                .ok_or_else(|| err("text_config.hidden_size", format!("{v}")))?
+                as usize,
+        };
+        let token = |field: &str, default: Option<u32>| -> Result<Option<u32>> {
+            match value.get(field) {
+                None => Ok(default),
+                Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .map(Some)
+                    .ok_or_else(|| err(field, format!("{v}"))),
+            }
+        };
+        let quantization = match value.get("quantization") {
+            None | Some(Value::Null) => QuantConfig::default(),
+            Some(q) => parse_quantization(q).map_err(|(f, m)| err(&f, m))?,
+        };
+        Ok(Self {
+            vision,
+            text_hidden_size,
+            quantization,
+            image_token_id: token("image_token_id", Some(258880))?,
+            boi_token_id: token("boi_token_id", Some(255999))?,
+            eoi_token_id: token("eoi_token_id", Some(258882))?,
+        })
+    }
+}
+
+fn parse_quantization(q: &Value) -> std::result::Result<QuantConfig, (String, String)> {
+    let obj = q
+        .as_object()
+        .ok_or_else(|| ("quantization".to_string(), "not an object".to_string()))?;
+    let params = |field: String, v: &Value| -> std::result::Result<QuantParams, (String, String)> {
+        let bits = v.get("bits").and_then(Value::as_u64);
+        let group = v.get("group_size").and_then(Value::as_u64);
+        match (bits, group) {
+            (Some(b @ 1..=8), Some(g)) if g > 0 => Ok(QuantParams {
+                bits: b as u32,
+                group_size: g as usize,
+            }),
+            _ => Err((field, format!("bad bits/group_size in {v}"))),
+        }
+    };
+    if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
+        if mode != "affine" {
+            return Err((
+                "quantization.mode".into(),
+                format!("`{mode}` (only affine)"),
+            ));
+        }
+    }
+    let default = if obj.contains_key("bits") || obj.contains_key("group_size") {
+        Some(params("quantization".into(), q)?)
+    } else {
+        None
+    };
+    let mut per_module = BTreeMap::new();
+    for (k, v) in obj {
+        if v.is_object() {
+            per_module.insert(k.clone(), params(format!("quantization.{k}"), v)?);
+        }
+    }
+    Ok(QuantConfig {
+        default,
+        per_module,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_reference_dataclass() {
+        let v: Value = serde_json::json!({"vision_config": {"hidden_size": 1152}});
+        let c = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap();
+        let vc = c.vision.unwrap();
+        assert_eq!(vc.hidden_size, 1152);
+        assert_eq!(vc.patch_size, 16);
+        assert_eq!(vc.position_embedding_size, 10240);
+        assert_eq!(vc.max_patches(), 2520);
+        assert_eq!(vc.rope_parameters.rope_theta, 100.0);
+        assert!(!vc.standardize);
+        assert_eq!(c.text_hidden_size, 2816);
+        assert_eq!(c.image_token_id, Some(258880));
+    }
+
+    #[test]
+    fn null_vision_config_means_no_tower() {
+        let v: Value =
+            serde_json::json!({"vision_config": null, "text_config": {"hidden_size": 64}});
+        let c = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap();
+        assert!(c.vision.is_none());
+        assert_eq!(c.text_hidden_size, 64);
+    }
+
+    #[test]
+    fn bad_head_dim_is_a_config_error() {
+        let v: Value = serde_json::json!({"vision_config": {"head_dim": 26}});
+        let e = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap_err();
+        assert!(e.to_string().contains("vision_config.head_dim"), "{e}");
+    }
+
+    #[test]
+    fn quantization_entries() {
+        let v: Value = serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+            "a.b": {"group_size": 64, "bits": 8}}});
+        let c = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap();
+        let q = c.quantization;
+        assert_eq!(
+            q.params_for("a.b"),
+            Some(QuantParams {
+                bits: 8,
+                group_size: 64
+            })
+        );
+        assert_eq!(
+            q.params_for("x"),
+            Some(QuantParams {
+                bits: 4,
+                group_size: 64
+            })
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! Image decoding to 8-bit RGB the way the reference gets its pixels:
+//! `PIL.Image.open(src).convert("RGB")`.
+//!
+//! Pillow's conversions, reproduced: alpha is dropped, not composited (RGBA, LA); grayscale is
+//! replicated; palette images are expanded; 16-bit RGB(A) and LA keep the most significant byte
+//! (Pillow unpacks them with `RGB;16B`-style raw modes); 16-bit grayscale (`I;16`) clips to 255.
+//! The reference never calls `ImageOps.exif_transpose`, so an EXIF orientation tag is ignored
+//! by default: the stored pixels are used as stored. [`ExifOrientation::Apply`] opts in.
+
+use std::io::Cursor;
+
+use image::{DynamicImage, ImageDecoder, ImageError, ImageReader};
+
+use crate::error::{Result, VisionError};
+
+/// What to do with an EXIF orientation tag.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExifOrientation {
+    /// Use the pixels as stored (the reference's behaviour).
+    #[default]
+    Ignore,
+    /// Rotate / flip the image upright, as `PIL.ImageOps.exif_transpose` would.
+    Apply,
+}
+
+/// Decoder safety limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DecodeLimits {
+    /// Most pixels (width x height) an image may have. Default: Pillow's
+    /// `DecompressionBombError` threshold, `2 * Image.MAX_IMAGE_PIXELS` = 178,956,970.
+    pub max_pixels: u64,
+    /// Most bytes the decoder may allocate. Default 1 GiB.
+    pub max_alloc_bytes: u64,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        Self {
+            max_pixels: 2 * 89_478_485,
+            max_alloc_bytes: 1 << 30,
+        }
+    }
+}
+
+impl DecodeLimits {
+    /// Limits with the given pixel budget and the default allocation budget.
+    pub fn with_max_pixels(max_pixels: u64) -> Self {
+        Self {
+            max_pixels,
+            ..Self::default()
+        }
+    }
+}
+
+/// A decoded image: `height x width x 3` bytes, row-major RGB.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RgbImage {
+    pub width: usize,
+    pub height: usize,
+    pub data: Vec<u8>,
+}
+
+fn map_err(what: &str, e: ImageError) -> VisionError {
+    match e {
+        ImageError::Unsupported(_) => VisionError::UnsupportedFormat {
+            what: what.to_string(),
+        },
+        ImageError::Limits(l) => VisionError::TooLarge {
+            what: what.to_string(),
+            message: l.to_string(),
+        },
+        other => VisionError::Decode {
+            what: what.to_string(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Decodes PNG, JPEG, WebP or GIF bytes (the format is sniffed from the content; a GIF gives
+/// its first frame). `what` names the source in errors (a path, "request image 2", ...).
+pub fn decode_rgb8(
+    bytes: &[u8],
+    what: &str,
+    limits: DecodeLimits,
+    exif: ExifOrientation,
+) -> Result<RgbImage> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| VisionError::Decode {
+            what: what.to_string(),
+            message: e.to_string(),
+        })?;
+    if reader.format().is_none() {
+        return Err(VisionError::UnsupportedFormat {
+            what: what.to_string(),
+        });
+    }
+    let mut reader = reader;
+    let mut l = image::Limits::default();
+    l.max_alloc = Some(limits.max_alloc_bytes);
+    reader.limits(l);
+    let mut decoder = reader.into_decoder().map_err(|e| map_err(what, e))?;
+    let (w, h) = decoder.dimensions();
+    if w == 0 || h == 0 {
+        return Err(VisionError::EmptyImage {
+            what: what.to_string(),
+            width: w as usize,
+            height: h as usize,
+        });
+    }
+    if u64::from(w) * u64::from(h) > limits.max_pixels {
+        return Err(VisionError::TooLarge {
+            what: what.to_string(),
+            message: format!("{w} x {h} pixels, limit {}", limits.max_pixels),
+        });
+    }
+    let orientation = match exif {
+        ExifOrientation::Ignore => None,
+        // A damaged EXIF block is not worth failing the image for; PIL's exif_transpose
+        // likewise leaves such an image alone.
+        ExifOrientation::Apply => decoder.orientation().ok(),
+    };
+    let mut img = DynamicImage::from_decoder(decoder).map_err(|e| map_err(what, e))?;
+    if let Some(o) = orientation {
+        img.apply_orientation(o);
+    }
+    to_rgb8_like_pillow(img, what)
+}
+
+/// `Image.convert("RGB")` for each pixel layout the decoders produce.
+fn to_rgb8_like_pillow(img: DynamicImage, what: &str) -> Result<RgbImage> {
+    let (width, height) = (img.width() as usize, img.height() as usize);
+    let n = width * height;
+    let mut data = Vec::with_capacity(n * 3);
+    match img {
+        DynamicImage::ImageRgb8(b) => data = b.into_raw(),
+        DynamicImage::ImageRgba8(b) => {
+            for p in b.as_raw().chunks_exact(4) {
+                data.extend_from_slice(&p[..3]);
+            }
+        }
+        DynamicImage::ImageLuma8(b) => {
+            for &v in b.as_raw() {
+                data.extend_from_slice(&[v, v, v]);
+            }
+        }
+        DynamicImage::ImageLumaA8(b) => {
+            for p in b.as_raw().chunks_exact(2) {
+                data.extend_from_slice(&[p[0], p[0], p[0]]);
+            }
+        }
+        DynamicImage::ImageRgb16(b) => data.extend(b.as_raw().iter().map(|&v| (v >> 8) as u8)),
+        DynamicImage::ImageRgba16(b) => {
+            for p in b.as_raw().chunks_exact(4) {
+                data.extend(p[..3].iter().map(|&v| (v >> 8) as u8));
+            }
+        }
+        DynamicImage::ImageLuma16(b) => {
+            for &v in b.as_raw() {
+                let c = v.min(255) as u8;
+                data.extend_from_slice(&[c, c, c]);
+            }
+        }
+        DynamicImage::ImageLumaA16(b) => {
+            for p in b.as_raw().chunks_exact(2) {
+                let c = (p[0] >> 8) as u8;
+                data.extend_from_slice(&[c, c, c]);
+            }
+        }
+        _ => {
+            return Err(VisionError::Decode {
+                what: what.to_string(),
+                message: "floating-point pixel formats are not supported".into(),
+            })
+        }
+    }
+    debug_assert_eq!(data.len(), n * 3);
+    Ok(RgbImage {
+        width,
+        height,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_unsupported_not_a_panic() {
+        let e = decode_rgb8(
+            b"hello",
+            "x",
+            DecodeLimits::default(),
+            ExifOrientation::Ignore,
+        )
+        .unwrap_err();
+        assert!(matches!(e, VisionError::UnsupportedFormat { .. }), "{e}");
+        let e =
+            decode_rgb8(&[], "x", DecodeLimits::default(), ExifOrientation::Ignore).unwrap_err();
+        assert!(matches!(e, VisionError::UnsupportedFormat { .. }), "{e}");
+    }
+
+    #[test]
+    fn pixel_limit_applies_before_decoding() {
+        let mut png = Vec::new();
+        let img = image::RgbImage::from_pixel(20, 10, image::Rgb([1, 2, 3]));
+        img.write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png)
+            .unwrap();
+        let ok = decode_rgb8(&png, "x", DecodeLimits::default(), ExifOrientation::Ignore).unwrap();
+        assert_eq!((ok.width, ok.height), (20, 10));
+        assert_eq!(&ok.data[..3], &[1, 2, 3]);
+        let e = decode_rgb8(
+            &png,
+            "x",
+            DecodeLimits::with_max_pixels(199),
+            ExifOrientation::Ignore,
+        )
+        .unwrap_err();
+        assert!(matches!(e, VisionError::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn sixteen_bit_conversions_follow_pillow() {
+        let g = image::ImageBuffer::<image::Luma<u16>, _>::from_raw(3, 1, vec![7u16, 255, 4000])
+            .unwrap();
+        let rgb = to_rgb8_like_pillow(DynamicImage::ImageLuma16(g), "x").unwrap();
+        assert_eq!(rgb.data, vec![7, 7, 7, 255, 255, 255, 255, 255, 255]);
+        let c = image::ImageBuffer::<image::Rgb<u16>, _>::from_raw(
+            1,
+            1,
+            vec![0x1234u16, 0xff00, 0x00ff],
+        )
+        .unwrap();
+        let rgb = to_rgb8_like_pillow(DynamicImage::ImageRgb16(c), "x").unwrap();
+        assert_eq!(rgb.data, vec![0x12, 0xff, 0x00]);
+    }
+}
