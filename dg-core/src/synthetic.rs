@@ -65,6 +65,9 @@ impl Default for SyntheticSpec {
     }
 }
 
+/// The real Gemma 4 chat template (see tools/reference/assets/SOURCE.md).
+const GEMMA4_CHAT_TEMPLATE: &str = include_str!("../../tools/reference/assets/chat_template.jinja");
+
 /// Special token ids of the synthetic byte-level tokenizer (Gemma's ids).
 const SPECIALS: [(&str, u32); 7] = [
     ("<pad>", 0),
@@ -254,7 +257,8 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
             8,
         )?;
         w.linear(&format!("{p}.router.proj"), s.num_experts, h, 4.0, 8)?;
-        w.norm(&format!("{p}.router.scale"), h, 0.8, 1.2, false);
+        let scale: Vec<f32> = (0..h).map(|_| w.rng.gen_range(0.8..1.2)).collect();
+        w.put_bf16(&format!("{p}.router.scale"), &[h], &scale);
         let per_expert: Vec<f32> = (0..s.num_experts)
             .map(|_| w.rng.gen_range(0.5..1.5))
             .collect();
@@ -321,6 +325,8 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
         &json!({"bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0}),
     )?;
     write_json(dir, "tokenizer.json", &byte_level_tokenizer(s.vocab_size))?;
+    let template = dir.join("chat_template.jinja");
+    std::fs::write(&template, GEMMA4_CHAT_TEMPLATE).map_err(io(&template))?;
     write_json(
         dir,
         "tokenizer_config.json",
