@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use dg_engine::{Defaults, DiffusionGemma, Event, Message, Request, Sampler};
+use dg_engine::{Defaults, DiffusionGemma, Event, Image, Message, Request, Sampler};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -36,6 +36,10 @@ struct Args {
     /// Send --prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
+    /// An image to ask about (repeatable): the prompt becomes one user turn with one image
+    /// placeholder per image, as the reference builds image prompts.
+    #[arg(long)]
+    image: Vec<PathBuf>,
     /// Comma-separated prompt token ids (overrides --prompt).
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
@@ -110,7 +114,12 @@ fn main() -> Result<()> {
         .with_context(|| format!("loading {}", dir.display()))?;
     bar.finish_and_clear();
 
-    let mut request = if let Some(ids) = &args.prompt_ids {
+    let mut request = if !args.image.is_empty() {
+        Request::with_images(
+            &args.prompt,
+            args.image.iter().cloned().map(Image::Path).collect(),
+        )
+    } else if let Some(ids) = &args.prompt_ids {
         Request::tokens(ids.clone())
     } else if args.raw {
         Request::text(args.prompt.clone())

@@ -60,6 +60,15 @@ impl Compute<'_> {
         Ok(())
     }
 
+    pub fn prefill(
+        &self,
+        cache: &mut KvCache,
+        prompt: &crate::prompt::PreparedPrompt,
+    ) -> Result<()> {
+        self.pool
+            .install(|| crate::prompt::prefill(self.model, cache, prompt))
+    }
+
     pub fn decode(
         &self,
         cache: &KvCache,

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
-use dg_tokenize::{ChatTemplate, RenderOptions, Tokenizer};
+use dg_tokenize::{ChatTemplate, ImageTokenIds, RenderOptions, Tokenizer};
 
 use crate::canvas::{denoise_block, BlockParams, BlockSampler, Compute};
 use crate::error::{EngineError, Result};
 use crate::output::{Event, FinishReason, Generation, Stats};
+use crate::prompt::{attach_images, PreparedPrompt};
 use crate::request::{Defaults, Prompt, Request, Sampler};
 use crate::rng::Rng;
 use crate::settings::GenerationSettings;
@@ -56,6 +57,11 @@ impl<'a> LoadBuilder<'a> {
         };
         let checkpoint_settings = read_generation_config(&dir)?;
         let reference_settings = GenerationSettings::resolve(config.generation_config.as_ref())?;
+        let vision = if config.vision_config.is_some() {
+            Some(dg_vision::VisionModel::load(&dir)?)
+        } else {
+            None
+        };
         let ck =
             Checkpoint::open(&dir, dg_core::model::sanitize_options(&config)).map_err(model_err)?;
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| true));
@@ -75,6 +81,7 @@ impl<'a> LoadBuilder<'a> {
             model,
             tokenizer,
             template,
+            vision,
             pool,
             eos,
             checkpoint_settings,
@@ -121,6 +128,7 @@ pub struct DiffusionGemma {
     model: TextModel,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    vision: Option<dg_vision::VisionModel>,
     pool: rayon::ThreadPool,
     eos: Vec<u32>,
     checkpoint_settings: GenerationSettings,
@@ -217,6 +225,21 @@ impl DiffusionGemma {
         Ok(ids)
     }
 
+    /// The encoder input of a request: prompt ids with image placeholders expanded, token
+    /// types and image features.
+    pub fn prepare_prompt(&self, request: &Request) -> Result<PreparedPrompt> {
+        let ids = self.prompt_ids(&request.prompt)?;
+        let c = self.model.config();
+        let tokens = match (c.image_token_id, c.boi_token_id, c.eoi_token_id) {
+            (Some(image), Some(boi), Some(eoi)) => Some(ImageTokenIds { image, boi, eoi }),
+            _ => None,
+        };
+        let prepared = self
+            .pool
+            .install(|| attach_images(ids, &request.images, self.vision.as_ref(), tokens))?;
+        Ok(prepared)
+    }
+
     /// Encodes prompt ids into a fresh cache.
     pub fn prefill(&self, ids: &[u32]) -> Result<KvCache> {
         self.pool.install(|| {
@@ -254,14 +277,14 @@ impl DiffusionGemma {
         mut on_event: impl FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Generation> {
         request.validate()?;
-        let ids = self.prompt_ids(&request.prompt)?;
-        self.run(request, &ids, &mut on_event)
+        let prompt = self.prepare_prompt(request)?;
+        self.run(request, &prompt, &mut on_event)
     }
 
     fn run(
         &self,
         request: &Request,
-        prompt: &[u32],
+        prompt: &PreparedPrompt,
         on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Generation> {
         let settings = self.settings(&request.defaults);
@@ -290,7 +313,7 @@ impl DiffusionGemma {
 
         let mut rng = Rng::new(request.seed);
         let mut stats = Stats {
-            prompt_tokens: prompt.len(),
+            prompt_tokens: prompt.ids.len(),
             ..Stats::default()
         };
         let mut detok = self.tokenizer.stream_detokenizer();
@@ -301,7 +324,7 @@ impl DiffusionGemma {
 
         let start = Instant::now();
         let mut cache = self.model.new_cache();
-        compute.encode(&mut cache, prompt)?;
+        compute.prefill(&mut cache, prompt)?;
         stats.prefill_time = start.elapsed();
         let gen_start = Instant::now();
         let emit = |event: Event, on_event: &mut dyn FnMut(Event) -> ControlFlow<()>| {
@@ -309,7 +332,7 @@ impl DiffusionGemma {
         };
         if emit(
             Event::Prefilled {
-                prompt_tokens: prompt.len(),
+                prompt_tokens: prompt.ids.len(),
             },
             on_event,
         ) {

@@ -26,6 +26,9 @@ pub enum EngineError {
     /// Tokenizer, chat template or detokenizer failed.
     #[error(transparent)]
     Tokenize(#[from] dg_tokenize::Error),
+    /// An image could not be read or encoded.
+    #[error(transparent)]
+    Vision(#[from] dg_vision::VisionError),
     /// A checkpoint file other than the weights is unreadable or malformed.
     #[error("{path}: {reason}")]
     File {

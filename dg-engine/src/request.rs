@@ -1,6 +1,7 @@
 //! What to generate: the prompt and every option of the reference's `stream_diffusion_generate`.
 
 use crate::error::{EngineError, Result};
+use crate::prompt::Image;
 use crate::settings::GenerationSettings;
 
 /// One chat message (re-exported from dg-tokenize).
@@ -81,6 +82,8 @@ pub struct Request {
     /// Seed of the MLX-compatible random generator.
     pub seed: u64,
     pub defaults: Defaults,
+    /// Images, one per image placeholder in the prompt, in order.
+    pub images: Vec<Image>,
 }
 
 impl Request {
@@ -96,12 +99,22 @@ impl Request {
             full_canvas: false,
             seed: 0,
             defaults: Defaults::default(),
+            images: Vec::new(),
         }
     }
 
     /// A chat request.
     pub fn chat(messages: Vec<Message>) -> Self {
         Self::with_prompt(Prompt::Chat(messages))
+    }
+
+    /// An image prompt as the reference's public `generate(prompt, images=...)` builds it: one
+    /// user turn with one `<|image|>` placeholder per image before the text.
+    pub fn with_images(text: &str, images: Vec<Image>) -> Self {
+        let content = format!("{}{text}", "<|image|>".repeat(images.len()));
+        let mut r = Self::chat(vec![Message::user(content)]);
+        r.images = images;
+        r
     }
 
     /// A raw-text request (not chat-templated).

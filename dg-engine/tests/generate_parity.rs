@@ -229,3 +229,20 @@ fn bad_requests_are_named_errors() {
         .to_string()
         .contains("threshold"));
 }
+
+#[test]
+fn one_model_serves_several_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<DiffusionGemma>();
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let cases = goldens();
+    std::thread::scope(|s| {
+        for case in cases.iter().take(3) {
+            let model = &model;
+            s.spawn(move || {
+                let gen = model.generate(&request(case)).unwrap();
+                assert_eq!(gen.token_ids, ids(&case["outputs"]["emitted_ids"]));
+            });
+        }
+    });
+}

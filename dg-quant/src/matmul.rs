@@ -1,17 +1,20 @@
 //! Quantized matrix products (`mx.quantized_matmul`, `mx.gather_qmm`) and the plain f32 GEMM.
 //!
-//! Two strategies, chosen by the number of activation rows `m`:
-//! - few rows (memory-bound): fused kernels read each packed weight once and never build the
-//!   f32 matrix (`x . W[r]` as `sum_g scale_g * (x_g . q_g) + bias_g * sum(x_g)`);
-//! - many rows (compute-bound): a panel of `W` is dequantized (exactly, as `dequantize`) into
-//!   a per-thread f32 buffer and multiplied with the `gemm` crate; the dequantization is
-//!   amortized over the rows.
+//! `x [m, k] @ W^T` picks one of three strategies by the number of activation rows `m`:
+//! - `m <= 8` (memory-bound): fused kernels read each packed weight once per pair of x rows
+//!   and never build the f32 matrix: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
+//! - `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as `dequantize`)
+//!   256-wide chunks of its weight rows and accumulates 16x6 register tiles;
+//! - `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the `gemm`
+//!   crate.
+//!
+//! `x @ W` (soft embeddings) uses the same dequantized-panel idea along the reduction axis.
 //!
 //! Work is split into fixed panels independent of the thread count, and each output element
 //! is reduced by one task in a fixed order, so results do not depend on the pool size. They
-//! may differ in the last bits between strategies (a different summation order), i.e. with
-//! `m`. MLX itself sums `x_k * (scale * q_k + bias)` sequentially in f32 (`_qmm_t`); see
-//! tests/goldens.rs for the tolerance this implies.
+//! may differ in the last bits between strategies (different summation orders), i.e. with
+//! `m`. MLX itself sums `x_k * (scale * q_k + bias)` sequentially in f32 without FMA (`_qmm_t`;
+//! checked bit for bit); tests/goldens.rs states the tolerance this implies.
 
 use rayon::prelude::*;
 
@@ -20,8 +23,12 @@ use crate::kernels::{self, gemm::par_column_panels};
 use crate::scratch::with_buffer;
 use crate::{QExperts, QMatrix, QuantError};
 
-/// Up to this many activation rows use the fused (memory-bound) kernels.
-const FUSED_MAX_M: usize = 3;
+/// Up to this many activation rows use the fused kernels (each weight row decoded once per
+/// pair of activation rows; memory-bound at one row).
+const FUSED_MAX_M: usize = 8;
+/// Up to this many rows use the register-tiled kernel; more use the `gemm` crate on
+/// dequantized panels (measured crossovers on Zen 3/4: about 8 and 48-64 rows).
+const TILED_MAX_M: usize = 48;
 /// Output rows of `W` per task in the fused `x @ W^T` kernel.
 const FUSED_ROWS_PER_TASK: usize = 64;
 /// Rows of `W` dequantized per panel in the GEMM path of `x @ W^T`.
@@ -59,6 +66,8 @@ fn matmul_t_unchecked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
     }
     if m <= FUSED_MAX_M {
         matmul_t_fused(x, m, w, out, true);
+    } else if m <= TILED_MAX_M {
+        matmul_t_tiled(x, m, w, out, true);
     } else {
         matmul_t_panels(x, m, w, out, true);
     }
@@ -67,18 +76,111 @@ fn matmul_t_unchecked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
 /// Fused path: each task owns `FUSED_ROWS_PER_TASK` rows of `W` and computes them for every
 /// row of `x` while they are in cache.
 fn matmul_t_fused(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
-    let xs: Vec<kernels::PreparedX> = x.chunks_exact(w.cols).map(|xr| kernels::prepare_x(xr, w.spec)).collect();
+    let xs: Vec<kernels::PreparedX> = x
+        .chunks_exact(w.cols)
+        .map(|xr| kernels::prepare_x(xr, w.spec))
+        .collect();
     let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
         let (r0, r1) = (panel.start(), panel.start() + panel.width());
         let rows = w.row_slice(r0, r1);
-        for (i, xp) in xs.iter().enumerate() {
-            kernels::dot_rows(xp, rows.packed, rows.scales, rows.biases, w.spec, panel.row_mut(i));
+        let mut i = 0;
+        while i < m {
+            if i + 1 < m {
+                // Two x rows per pass: each weight row is decoded once for both.
+                let mut a = vec![0.0f32; r1 - r0];
+                kernels::dot_rows2(
+                    &xs[i],
+                    &xs[i + 1],
+                    rows.packed,
+                    rows.scales,
+                    rows.biases,
+                    w.spec,
+                    &mut a,
+                    panel.row_mut(i + 1),
+                );
+                panel.row_mut(i).copy_from_slice(&a);
+                i += 2;
+            } else {
+                kernels::dot_rows(
+                    &xs[i],
+                    rows.packed,
+                    rows.scales,
+                    rows.biases,
+                    w.spec,
+                    panel.row_mut(i),
+                );
+                i += 1;
+            }
         }
     };
     if parallel {
         par_column_panels(out, m, w.rows, FUSED_ROWS_PER_TASK, |mut p| task(&mut p));
     } else {
         kernels::gemm::seq_column_panels(out, m, w.rows, w.rows, |mut p| task(&mut p));
+    }
+}
+
+/// Rows of `W` per task in the tiled path.
+const TILED_TASK_ROWS: usize = 48;
+/// Reduction chunk of the tiled path (a multiple of every group size): a 6-row weight strip
+/// and the matching activation chunk stay in L1.
+const TILED_KC: usize = 256;
+
+/// Dequantizes columns `c0..c1` (group-aligned) of row `r` of `w` into `out`.
+fn dequant_part(w: &QMatrix, r: usize, c0: usize, c1: usize, out: &mut [f32]) {
+    let (g, bits) = (w.spec.group_size, w.spec.bits as usize);
+    let (s, b) = w.row_params(r);
+    let words = w.row_words(r);
+    kernels::dequant_row(
+        &words[c0 * bits / 32..c1 * bits / 32],
+        &s[c0 / g..c1 / g],
+        &b[c0 / g..c1 / g],
+        w.spec,
+        out,
+    );
+}
+
+/// `x [m, k]` transposed into `[k, m8]`, `m8 = m` rounded up to 8, zero-padded.
+fn pack_xt(x: &[f32], m: usize, k: usize) -> (Vec<f32>, usize) {
+    let m8 = m.div_ceil(8) * 8;
+    let mut xt = vec![0.0f32; k * m8];
+    for (i, xr) in x.chunks_exact(k).enumerate() {
+        for (kk, v) in xr.iter().enumerate() {
+            xt[kk * m8 + i] = *v;
+        }
+    }
+    (xt, m8)
+}
+
+/// Tiled path: activations transposed once; each task dequantizes `TILED_KC`-wide chunks of
+/// its `W` rows and accumulates register tiles over them (kernels::tiles), each output in k
+/// order.
+fn matmul_t_tiled(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
+    let k = w.cols;
+    let (xt, m8) = pack_xt(x, m, k);
+    let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
+        let (r0, nr) = (panel.start(), panel.width());
+        with_buffer(nr * TILED_KC, |wbuf| {
+            with_buffer(nr * m8, |ct| {
+                for k0 in (0..k).step_by(TILED_KC) {
+                    let kc = TILED_KC.min(k - k0);
+                    for (j, row) in wbuf.chunks_exact_mut(kc).take(nr).enumerate() {
+                        dequant_part(w, r0 + j, k0, k0 + kc, row);
+                    }
+                    kernels::tiles(kc, &xt[k0 * m8..], m8, m8, wbuf, kc, nr, ct, m8, k0 > 0);
+                }
+                for i in 0..m {
+                    for (j, o) in panel.row_mut(i).iter_mut().enumerate() {
+                        *o = ct[j * m8 + i];
+                    }
+                }
+            })
+        });
+    };
+    if parallel {
+        par_column_panels(out, m, w.rows, TILED_TASK_ROWS, |mut p| task(&mut p));
+    } else {
+        kernels::gemm::seq_column_panels(out, m, w.rows, TILED_TASK_ROWS, |mut p| task(&mut p));
     }
 }
 
@@ -234,6 +336,8 @@ pub fn gather_matmul_t(
             // One expert is one task: its panels run sequentially on this thread.
             if m <= FUSED_MAX_M {
                 matmul_t_fused(&xs, m, &w, &mut res, false);
+            } else if m <= TILED_MAX_M {
+                matmul_t_tiled(&xs, m, &w, &mut res, false);
             } else {
                 matmul_t_panels(&xs, m, &w, &mut res, false);
             }
@@ -271,4 +375,279 @@ pub fn matmul_f32(
     let (rhs_rs, rhs_cs) = if b_transposed { (1, k) } else { (n, 1) };
     kernels::gemm::gemm_strided(m, n, k, out, n, false, a, k, b, rhs_rs, rhs_cs, true);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::kernels::scalar;
+    use crate::{QuantSpec, Quantized};
+
+    fn random_q(rng: &mut impl Rng, rows: usize, cols: usize, spec: QuantSpec) -> Quantized {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.gen_range(-0.1f32..0.1))
+            .collect();
+        crate::quantize(&w, rows, cols, spec).unwrap()
+    }
+
+    /// MLX's own formula (sequential f32 sum of x * dequantized w) and the error bound of
+    /// tests/goldens.rs for one output.
+    fn reference_t(x: &[f32], w: &QMatrix, r: usize) -> (f32, f32) {
+        let (s, b) = w.row_params(r);
+        let words = w.row_words(r);
+        let want = scalar::dot_row_mlx(x, words, s, b, w.spec);
+        let g = w.spec.group_size;
+        let mag: f64 = x
+            .iter()
+            .enumerate()
+            .map(|(k, xv)| {
+                let q = scalar::unpack(words, k, w.spec.bits) as f64;
+                (*xv as f64).abs()
+                    * ((s[k / g].to_f32() as f64).abs() * q + (b[k / g].to_f32() as f64).abs())
+            })
+            .sum();
+        (
+            want,
+            (2.0 * (x.len() as f64 + 8.0) * mag / (1u64 << 24) as f64) as f32,
+        )
+    }
+
+    fn pool(n: usize) -> rayon::ThreadPool {
+        crate::pool::build(Some(n)).unwrap()
+    }
+
+    #[test]
+    fn matmul_t_every_path_matches_the_mlx_formula() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for (bits, g) in [
+            (4, 64),
+            (8, 64),
+            (4, 32),
+            (8, 128),
+            (3, 64),
+            (6, 32),
+            (2, 128),
+            (5, 64),
+        ] {
+            let spec = QuantSpec::new(bits, g).unwrap();
+            // 131 rows: not a multiple of 6, 8, 48 or 64; 640 columns: 2.5 tiled chunks.
+            let (rows, cols) = (131, 640);
+            let q = random_q(&mut rng, rows, cols, spec);
+            let w = q.view(rows, cols, spec).unwrap();
+            for m in [1usize, 2, 3, 8, 9, 17, 48, 49, 70] {
+                let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let mut out = vec![0.0f32; m * rows];
+                pool(2).install(|| matmul_t(&x, m, &w, &mut out)).unwrap();
+                for i in 0..m {
+                    for r in 0..rows {
+                        let (want, tol) = reference_t(&x[i * cols..(i + 1) * cols], &w, r);
+                        let got = out[i * rows + r];
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{bits}b g{g} m={m} ({i}, {r}): {got} vs {want} (tol {tol})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_every_path_matches_the_mlx_formula() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        for (bits, g) in [(4, 64), (8, 32), (3, 128)] {
+            let spec = QuantSpec::new(bits, g).unwrap();
+            // 300 rows (reduction axis): one full 256-row depth step and a partial one;
+            // 384 columns: a full and a partial 256-column panel.
+            let (rows, cols) = (300, 384);
+            let q = random_q(&mut rng, rows, cols, spec);
+            let w = q.view(rows, cols, spec).unwrap();
+            let mut deq = vec![0.0f32; rows * cols];
+            crate::dequantize(&w, &mut deq).unwrap();
+            for m in [1usize, 3, 9, 20] {
+                let x: Vec<f32> = (0..m * rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let mut out = vec![0.0f32; m * cols];
+                pool(2).install(|| matmul(&x, m, &w, &mut out)).unwrap();
+                for i in 0..m {
+                    for c in 0..cols {
+                        let (mut want, mut mag) = (0.0f32, 0.0f64);
+                        for r in 0..rows {
+                            want += x[i * rows + r] * deq[r * cols + c];
+                            mag += (x[i * rows + r] as f64 * deq[r * cols + c] as f64).abs();
+                        }
+                        let tol = (2.0 * (rows as f64 + 8.0) * mag / (1u64 << 24) as f64) as f32;
+                        let got = out[i * cols + c];
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{bits}b m={m} ({i}, {c}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_matches_per_pair_products() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let spec = QuantSpec::new(4, 64).unwrap();
+        let (experts, rows, cols, x_rows) = (6usize, 70usize, 256usize, 60usize);
+        let q = random_q(&mut rng, experts * rows, cols, spec);
+        let e = QExperts::new(&q.packed, &q.scales, &q.biases, experts, rows, cols, spec).unwrap();
+        let x: Vec<f32> = (0..x_rows * cols)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        // Expert 0: 1 pair (fused), 1: 12 (tiled), 2: 55 (gemm panels), 3: 0, 4: 2, 5: 9.
+        let mut pairs = vec![(5usize, 0usize)];
+        pairs.extend((0..12).map(|i| (i * 3 % x_rows, 1)));
+        pairs.extend((0..55).map(|i| (i, 2)));
+        pairs.extend([(7, 4), (7, 4)]);
+        pairs.extend((0..9).map(|i| (59 - i, 5)));
+        // Shuffle so that the grouping by expert is exercised.
+        for i in (1..pairs.len()).rev() {
+            let j = rng.gen_range(0..=i);
+            pairs.swap(i, j);
+        }
+        let mut out = vec![0.0f32; pairs.len() * rows];
+        pool(2)
+            .install(|| gather_matmul_t(&x, x_rows, &e, &pairs, &mut out))
+            .unwrap();
+        for (p, &(xr, ex)) in pairs.iter().enumerate() {
+            let w = e.expert(ex).unwrap();
+            for r in 0..rows {
+                let (want, tol) = reference_t(&x[xr * cols..(xr + 1) * cols], &w, r);
+                let got = out[p * rows + r];
+                assert!(
+                    (got - want).abs() <= tol,
+                    "pair {p} ({xr}, {ex}) row {r}: {got} vs {want}"
+                );
+            }
+        }
+        let bad = [(0usize, 6usize)];
+        let err = gather_matmul_t(&x, x_rows, &e, &bad, &mut out[..rows]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                QuantError::PairOutOfRange {
+                    pair: 0,
+                    expert: 6,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        let spec = QuantSpec::new(4, 64).unwrap();
+        let (rows, cols) = (200, 512);
+        let q = random_q(&mut rng, rows, cols, spec);
+        let w = q.view(rows, cols, spec).unwrap();
+        let e = QExperts::new(&q.packed, &q.scales, &q.biases, 4, rows / 4, cols, spec).unwrap();
+        for m in [1usize, 5, 20, 100] {
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let xn: Vec<f32> = (0..m * rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let pairs: Vec<(usize, usize)> = (0..m * 3).map(|i| (i % m, (i * 7) % 4)).collect();
+            let run = |threads: usize| {
+                pool(threads).install(|| {
+                    let mut a = vec![0.0f32; m * rows];
+                    matmul_t(&x, m, &w, &mut a).unwrap();
+                    let mut b = vec![0.0f32; m * cols];
+                    matmul(&xn, m, &w, &mut b).unwrap();
+                    let mut c = vec![0.0f32; pairs.len() * (rows / 4)];
+                    gather_matmul_t(&x, m, &e, &pairs, &mut c).unwrap();
+                    let mut d = vec![0.0f32; m * rows];
+                    let wd: Vec<f32> = (0..rows * cols).map(|i| (i % 13) as f32 * 0.01).collect();
+                    matmul_f32(&x, &wd, m, cols, rows, true, &mut d).unwrap();
+                    (a, b, c, d)
+                })
+            };
+            let one = run(1);
+            for threads in [2, 3, 5] {
+                assert!(
+                    run(threads) == one,
+                    "m={m}: {threads} threads differ from 1"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_f32_matches_naive() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let (m, k, n) = (7, 33, 19);
+        let a: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for transposed in [false, true] {
+            let mut out = vec![0.0f32; m * n];
+            matmul_f32(&a, &b, m, k, n, transposed, &mut out).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k)
+                        .map(|kk| {
+                            a[i * k + kk]
+                                * if transposed {
+                                    b[j * k + kk]
+                                } else {
+                                    b[kk * n + j]
+                                }
+                        })
+                        .sum();
+                    assert!((out[i * n + j] - want).abs() <= 1e-5, "({i}, {j})");
+                }
+            }
+        }
+        let err = matmul_f32(&a, &b, m, k, n + 1, false, &mut vec![0.0; m * (n + 1)]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                QuantError::Length {
+                    what: "matmul_f32 rhs",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_shapes_are_errors_not_panics() {
+        let spec = QuantSpec::new(4, 64).unwrap();
+        let q = crate::quantize(&vec![0.5f32; 4 * 128], 4, 128, spec).unwrap();
+        assert!(matches!(
+            QMatrix::new(&q.packed, &q.scales, &q.biases, 4, 96, spec),
+            Err(QuantError::Width { .. })
+        ));
+        assert!(matches!(
+            QMatrix::new(&q.packed[1..], &q.scales, &q.biases, 4, 128, spec),
+            Err(QuantError::Length { .. })
+        ));
+        let scales_short: Vec<bf16> = q.scales[1..].to_vec();
+        assert!(QMatrix::new(&q.packed, &scales_short, &q.biases, 4, 128, spec).is_err());
+        let w = q.view(4, 128, spec).unwrap();
+        assert!(matmul_t(&[0.0; 127], 1, &w, &mut [0.0; 4]).is_err());
+        assert!(matmul_t(&[0.0; 128], 1, &w, &mut [0.0; 5]).is_err());
+        assert!(matmul(&[0.0; 3], 1, &w, &mut [0.0; 128]).is_err());
+        let err = crate::embedding(&w, &[4], &mut [0.0; 128]).unwrap_err();
+        assert!(
+            matches!(err, QuantError::IdOutOfRange { id: 4, rows: 4 }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("token id 4"));
+        assert!(crate::quantize(&[f32::NAN; 64], 1, 64, spec).is_err());
+        assert!(QuantSpec::new(7, 64).is_err() && QuantSpec::new(4, 16).is_err());
+        let e = QExperts::new(&q.packed, &q.scales, &q.biases, 2, 2, 128, spec).unwrap();
+        assert!(matches!(
+            e.expert(2),
+            Err(QuantError::ExpertOutOfRange {
+                expert: 2,
+                experts: 2
+            })
+        ));
+    }
 }

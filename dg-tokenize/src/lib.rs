@@ -9,6 +9,27 @@
 //!
 //! Every behaviour is checked against goldens from the Python reference
 //! (`tools/reference/dump_tokenize_goldens.py`).
+//!
+//! ```no_run
+//! use dg_tokenize::{ChatTemplate, Message, RenderOptions, Tokenizer};
+//!
+//! # fn main() -> dg_tokenize::Result<()> {
+//! let dir = "path/to/diffusiongemma-checkpoint";
+//! let tok = Tokenizer::from_dir(dir)?;
+//! let template = ChatTemplate::from_dir(dir)?.with_special_tokens(tok.special_tokens_map());
+//! let opts = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+//! let ids = tok.apply_chat_template(&template, &[Message::user("Hello!")], &opts)?;
+//!
+//! let mut stream = tok.stream_detokenizer();
+//! for id in ids {
+//!     if let Some(text) = stream.push(id)? {
+//!         print!("{text}");
+//!     }
+//! }
+//! print!("{}", stream.flush()?);
+//! # Ok(())
+//! # }
+//! ```
 
 mod error;
 mod image;

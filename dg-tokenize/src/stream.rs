@@ -84,6 +84,11 @@ impl PieceTable {
         PieceTable { pieces, bytes }
     }
 
+    /// Whether `id` names a token.
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.pieces.get(id as usize).is_some_and(Option::is_some)
+    }
+
     fn piece(&self, id: u32) -> Result<&str> {
         self.pieces
             .get(id as usize)

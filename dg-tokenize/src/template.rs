@@ -66,6 +66,7 @@ fn environment() -> Environment<'static> {
     env.add_filter("count", pycompat::length_filter);
     env.add_filter("upper", pycompat::upper_filter);
     env.add_filter("lower", pycompat::lower_filter);
+    env.add_filter("join", pycompat::join_filter);
     env.add_test("sequence", pycompat::is_sequence);
     env.add_test("iterable", pycompat::is_iterable);
     env.add_function("raise_exception", pycompat::raise_exception);

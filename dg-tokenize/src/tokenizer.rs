@@ -6,8 +6,10 @@
 //!   vocab and merges: normalizer `Replace(" " -> "▁")`, pre-tokenizer `Split(" ",
 //!   merged_with_previous)`, BPE with `byte_fallback` and `fuse_unk`, decoder `Replace("▁" -> " ")
 //!   + ByteFallback + Fuse`. Only the post-processor and added tokens come from the file.
-//! - When tokenizer_config.json sets `add_bos_token` / `add_eos_token` (or the file has no
-//!   post-processor) the post-processor is replaced by `[bos] $A [eos]` per those flags.
+//! - `add_bos_token` / `add_eos_token` in tokenizer_config.json are ignored whenever
+//!   tokenizer.json exists (transformers 5 drops them), so `encode(.., add_special_tokens=true)`
+//!   adds only what tokenizer.json's post-processor adds: nothing for Gemma, whose templates
+//!   write `<bos>` themselves.
 //! - Named special tokens (`bos_token`, ..., and model-specific ones such as `image_token`) missing
 //!   from the added tokens are added as special tokens.
 
@@ -16,8 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, PostProcessorWrapper};
+use tokenizers::AddedToken;
 
 use crate::error::{Error, Result};
 use crate::stream::{DecoderKind, PieceTable, StreamDetokenizer};
@@ -75,6 +76,8 @@ pub struct Tokenizer {
     path: PathBuf,
     specials: SpecialTokens,
     special_ids: HashSet<u32>,
+    /// Added tokens flagged special (dropped by `decode(.., skip_special_tokens=true)`).
+    skipped_on_decode: HashSet<u32>,
     clean_up_spaces: bool,
     model_is_bpe: bool,
     decoder_kind: DecoderKind,
@@ -137,8 +140,6 @@ fn opt_bool(path: &Path, config: &Map<String, Value>, field: &str) -> Result<Opt
 struct TokenizerConfig {
     class: Option<String>,
     specials: SpecialTokens,
-    add_bos: Option<bool>,
-    add_eos: Option<bool>,
     clean_up_spaces: bool,
 }
 
@@ -151,8 +152,6 @@ fn parse_config(path: &Path, json: &Value) -> Result<TokenizerConfig> {
             .get("tokenizer_class")
             .and_then(Value::as_str)
             .map(str::to_string),
-        add_bos: opt_bool(path, obj, "add_bos_token")?,
-        add_eos: opt_bool(path, obj, "add_eos_token")?,
         clean_up_spaces: opt_bool(path, obj, "clean_up_tokenization_spaces")?.unwrap_or(false),
         ..TokenizerConfig::default()
     };
@@ -273,18 +272,14 @@ impl Tokenizer {
             let unk = cfg.specials.get("unk_token").unwrap_or("<unk>").to_string();
             apply_gemma_pipeline(&path, &mut json, &unk)?;
         }
-        let file_has_post_processor = json.get("post_processor").is_some_and(|p| !p.is_null());
 
-        let text = serde_json::to_string(&json).map_err(|source| Error::Json {
-            path: path.clone(),
-            source,
-        })?;
+        // A null post-processor stays null: transformers' replacement (`$A` with no added tokens,
+        // since it drops the add_bos/add_eos flags) encodes identically.
         let mut inner: tokenizers::Tokenizer =
-            text.parse()
-                .map_err(|e: tokenizers::Error| Error::TokenizerLoad {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
+            serde_json::from_value(json).map_err(|e| Error::TokenizerLoad {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
 
         // Named / extra special tokens that tokenizer.json does not already declare.
         let added: HashSet<String> = inner
@@ -303,22 +298,17 @@ impl Tokenizer {
             inner.add_special_tokens(&missing);
         }
 
-        if cfg.add_bos.is_some() || cfg.add_eos.is_some() || !file_has_post_processor {
-            let pp = bos_eos_post_processor(
-                &path,
-                &inner,
-                &cfg.specials,
-                cfg.add_bos.unwrap_or(false),
-                cfg.add_eos.unwrap_or(false),
-            )?;
-            inner.with_post_processor(Some(PostProcessorWrapper::Template(pp)));
-        }
-
         let special_ids = cfg
             .specials
             .all()
             .into_iter()
             .filter_map(|t| inner.token_to_id(t))
+            .collect();
+        let skipped_on_decode = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
             .collect();
         let pieces = Arc::new(PieceTable::new(&inner));
         Ok(Tokenizer {
@@ -326,6 +316,7 @@ impl Tokenizer {
             path,
             specials: cfg.specials,
             special_ids,
+            skipped_on_decode,
             clean_up_spaces: cfg.clean_up_spaces,
             model_is_bpe,
             decoder_kind,
@@ -343,8 +334,8 @@ impl Tokenizer {
         &self.path
     }
 
-    /// Encodes text. `add_special_tokens` applies the post-processor (e.g. a BOS if configured),
-    /// as Python `tokenizer.encode(text, add_special_tokens=...)` does.
+    /// Encodes text. `add_special_tokens` applies tokenizer.json's post-processor, as Python
+    /// `tokenizer.encode(text, add_special_tokens=...)` does (Gemma's adds nothing).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         let enc = self
             .inner
@@ -358,9 +349,11 @@ impl Tokenizer {
 
     /// Decodes ids to text, as Python `tokenizer.decode(ids, skip_special_tokens=...)`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        let vocab_size = self.vocab_size();
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::UnknownTokenId { id, vocab_size });
+        if let Some(&id) = ids.iter().find(|&&id| !self.pieces.contains(id)) {
+            return Err(Error::UnknownTokenId {
+                id,
+                vocab_size: self.vocab_size(),
+            });
         }
         let text = self
             .inner
@@ -416,10 +409,7 @@ impl Tokenizer {
     /// Whether decoding with `skip_special_tokens=true` drops `id` (any added token marked
     /// special in tokenizer.json, e.g. `<|turn>`).
     pub fn is_skipped_on_decode(&self, id: u32) -> bool {
-        self.inner
-            .get_added_tokens_decoder()
-            .get(&id)
-            .is_some_and(|t| t.special)
+        self.skipped_on_decode.contains(&id)
     }
 
     /// The declared special tokens.
@@ -479,67 +469,6 @@ impl Tokenizer {
         let text = template.render(messages, options)?;
         self.encode(&text, false)
     }
-}
-
-/// transformers' `update_post_processor`: `[bos:0] $A:0 [eos:0]` per the flags.
-fn bos_eos_post_processor(
-    path: &Path,
-    inner: &tokenizers::Tokenizer,
-    specials: &SpecialTokens,
-    add_bos: bool,
-    add_eos: bool,
-) -> Result<TemplateProcessing> {
-    let lookup = |name: &str| -> Result<Option<(String, u32)>> {
-        let Some(tok) = specials.get(name) else {
-            return Ok(None);
-        };
-        match inner.token_to_id(tok) {
-            Some(id) => Ok(Some((tok.to_string(), id))),
-            None => Err(Error::field(
-                path,
-                name,
-                format!("special token `{tok}` is not in the vocabulary"),
-            )),
-        }
-    };
-    // A flag without its token is dropped, as transformers does.
-    let bos = if add_bos { lookup("bos_token")? } else { None };
-    let eos = if add_eos { lookup("eos_token")? } else { None };
-    let piece = |t: &Option<(String, u32)>, seq: u32| {
-        t.as_ref()
-            .map(|(s, _)| format!("{s}:{seq}"))
-            .unwrap_or_default()
-    };
-    let join = |parts: &[String]| {
-        parts
-            .iter()
-            .filter(|p| !p.is_empty())
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let single = join(&[piece(&bos, 0), "$A:0".into(), piece(&eos, 0)]);
-    let pair = join(&[
-        piece(&bos, 0),
-        "$A:0".into(),
-        piece(&eos, 0),
-        piece(&bos, 1),
-        "$B:1".into(),
-        piece(&eos, 1),
-    ]);
-    let specials: Vec<(String, u32)> = bos.into_iter().chain(eos).collect();
-    let err = |e: String| Error::TokenizerLoad {
-        path: path.to_path_buf(),
-        message: format!("building the BOS/EOS post-processor: {e}"),
-    };
-    TemplateProcessing::builder()
-        .try_single(single.as_str())
-        .map_err(|e| err(e.to_string()))?
-        .try_pair(pair.as_str())
-        .map_err(|e| err(e.to_string()))?
-        .special_tokens(specials)
-        .build()
-        .map_err(|e| err(e.to_string()))
 }
 
 /// transformers' `clean_up_tokenization` (only used for non-BPE models).

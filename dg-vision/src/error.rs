@@ -78,6 +78,21 @@ pub enum VisionError {
     /// The quantized-matrix layer rejected a tensor.
     #[error("quantized tensor `{name}`: {message}")]
     Quant { name: String, message: String },
+    /// The prompt's image-token count differs from the number of feature rows.
+    #[error(
+        "prompt has {image_tokens} image tokens but the images give {feature_rows} feature rows"
+    )]
+    TokenCount {
+        image_tokens: usize,
+        feature_rows: usize,
+    },
+    /// Buffers whose widths disagree.
+    #[error("{what}: width {got}, expected {expected}")]
+    Width {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     /// An image does not fit the tower (patch grid larger than the patch budget, wrong size).
     #[error("image {height} x {width} does not fit the vision tower: {message}")]
     ImageShape {

@@ -49,6 +49,50 @@ pub struct ImageFeatures {
     pub data: Vec<f32>,
 }
 
+/// Writes image features over the embeddings of the image-token positions, in order: the
+/// reference's `masked_scatter(inputs_embeds, ids == image_token_id, features)` in
+/// `EncoderModel._embed_inputs`. `embeds` is `[ids.len(), hidden]`; `features` are the
+/// prompt's images in prompt order. The reference silently wraps around when the counts
+/// differ (`indices % source.size`); here that is a [`VisionError::TokenCount`] error.
+pub fn scatter_image_features(
+    embeds: &mut [f32],
+    hidden: usize,
+    ids: &[u32],
+    image_token_id: u32,
+    features: &[ImageFeatures],
+) -> Result<()> {
+    if embeds.len() != ids.len() * hidden {
+        return Err(VisionError::Width {
+            what: "embeddings",
+            expected: ids.len() * hidden,
+            got: embeds.len(),
+        });
+    }
+    if let Some(f) = features.iter().find(|f| f.hidden != hidden) {
+        return Err(VisionError::Width {
+            what: "image features",
+            expected: hidden,
+            got: f.hidden,
+        });
+    }
+    let image_tokens = ids.iter().filter(|&&t| t == image_token_id).count();
+    let feature_rows: usize = features.iter().map(|f| f.tokens).sum();
+    if image_tokens != feature_rows {
+        return Err(VisionError::TokenCount {
+            image_tokens,
+            feature_rows,
+        });
+    }
+    let mut rows = features.iter().flat_map(|f| f.data.chunks_exact(hidden));
+    for (pos, _) in ids.iter().enumerate().filter(|(_, &t)| t == image_token_id) {
+        // Counts are equal, so a row exists for every image token.
+        if let Some(row) = rows.next() {
+            embeds[pos * hidden..(pos + 1) * hidden].copy_from_slice(row);
+        }
+    }
+    Ok(())
+}
+
 /// Pillow's BICUBIC resize of packed RGB8, exposed for tests and tools.
 pub fn resize_bicubic_rgb8(
     src: &[u8],
@@ -118,7 +162,7 @@ impl VisionModel {
             vision.rms_norm_eps,
         )?;
         let probe = "model.encoder.vision_tower.patch_embedder.input_proj.weight";
-        let layout = match (&store.sidecar, store.from_sidecar(probe)) {
+        let layout = match (&store.sidecar, store.is_from_sidecar(probe)) {
             (Some(path), true) => WeightLayout::Sidecar { path: path.clone() },
             _ => WeightLayout::Inline {
                 quantized: tower.quantized_input_proj(),

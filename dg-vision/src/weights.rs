@@ -274,7 +274,7 @@ impl TensorStore {
     }
 
     /// Whether the tensor came from the sidecar.
-    pub fn from_sidecar(&self, name: &str) -> bool {
+    pub fn is_from_sidecar(&self, name: &str) -> bool {
         match (self.index.get(name), &self.sidecar) {
             (Some(&(i, _)), Some(s)) => &self.files[i].path == s,
             _ => false,

@@ -349,7 +349,10 @@ fn the_uint32_quirk_changes_the_features() {
     let (_, inline) = g.f32("inline.normal_png.features");
     let (_, sidecar) = g.f32("sidecar.normal_png.features");
     let (rel, _) = rel_err(&inline, &sidecar, 64);
-    assert!(rel > 0.5, "inline and sidecar features are too alike ({rel})");
+    assert!(
+        rel > 0.5,
+        "inline and sidecar features are too alike ({rel})"
+    );
 }
 
 #[test]
@@ -445,4 +448,32 @@ fn exif_orientation_is_ignored_like_the_reference_unless_asked() {
         img.data[(y * img.width + x) * 3..(y * img.width + x) * 3 + 3].to_vec()
     };
     assert_eq!(at(&upright, stored.height - 1 - 3, 5), at(&stored, 5, 3));
+}
+
+#[test]
+fn features_scatter_over_image_tokens_in_order() {
+    use dg_vision::{scatter_image_features, ImageFeatures};
+    let f = |tokens: usize, base: f32| ImageFeatures {
+        tokens,
+        hidden: 2,
+        data: (0..tokens * 2).map(|i| base + i as f32).collect(),
+    };
+    let ids = [5u32, 9, 9, 7, 9, 1];
+    let mut embeds = vec![0f32; ids.len() * 2];
+    scatter_image_features(&mut embeds, 2, &ids, 9, &[f(2, 10.0), f(1, 20.0)]).unwrap();
+    assert_eq!(
+        embeds,
+        vec![0., 0., 10., 11., 12., 13., 0., 0., 20., 21., 0., 0.]
+    );
+    let e = scatter_image_features(&mut embeds, 2, &ids, 9, &[f(2, 10.0)]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            VisionError::TokenCount {
+                image_tokens: 3,
+                feature_rows: 2
+            }
+        ),
+        "{e}"
+    );
 }

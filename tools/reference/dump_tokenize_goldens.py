@@ -31,7 +31,12 @@ Sections of the output:
 - "jinja": small templates rendered by transformers' own Jinja2 environment
   (`_compile_jinja_template`), covering Python str() of values, tojson, trim, dictsort, string and
   dict methods, tests, whitespace control, and errors.
+- "float_repr": Python repr() of floats (what templates print and json.dumps writes).
 - "strftime": C strftime (glibc) of fixed UTC instants.
+- "gemma_rebuild": a mutation of tokenizer.json (normalizer / pre-tokenizer / decoder removed,
+  BPE flags flipped) that GemmaTokenizer must ignore; checked here to tokenize identically.
+- "bos_eos_variants": encodings with add_bos_token / add_eos_token set in tokenizer_config.json
+  (transformers 5 ignores them when tokenizer.json exists).
 """
 
 import hashlib
@@ -350,6 +355,9 @@ JINJA_CASES += [
      "{{ f(1) }}|{{ f(1, c=true) }}|{{ f('x', 'y') }}", {}),
     ("not_filter_precedence", "{{ not x | default(false) }}{{ not y | default(false) }}", {"x": True}),
     ("string_filter", "{{ x | string }}|{{ n | string }}|{{ b | string }}", {"x": None, "n": 2.5, "b": True}),
+    ("join", "{{ l | join }}|{{ l | join(', ') }}|{{ s | join('-') }}|{{ d | join(',', attribute='n') }}",
+     {"l": [1, None, True, 2.5, "x"], "s": "abc", "d": [{"n": 1}, {"n": "two"}]}),
+    ("tilde_str_int", "{{ 'Image ' ~ n ~ ': ' ~ s }}", {"n": 3, "s": "ok"}),
     ("raise_exception", "{{ raise_exception('Conversation roles must alternate!') }}", {}),
     ("error_undefined_attr", "{{ y.attr }}", {}),
     ("error_undefined_item", "{{ y['k'] }}", {}),
@@ -477,7 +485,7 @@ def stream_goldens(tok):
     seqs["specials_mixed"] = [vocab["<bos>"]] + hello + [vocab["<|image|>"], vocab["<turn|>"]] + world
     rng = random.Random(1234)
     all_ids = list(range(len(vocab)))
-    byte_ids = list(byte_id.values())
+    byte_ids = sorted(byte_id.values())  # get_vocab() order varies between runs
     for i in range(6):
         n = rng.randint(5, 40)
         seqs[f"random_{i}"] = [rng.choice(byte_ids) if rng.random() < 0.5 else rng.choice(all_ids)

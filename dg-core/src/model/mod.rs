@@ -110,16 +110,20 @@ impl TextModel {
         ids: &[u32],
         observe: impl FnMut(usize, &[f32]),
     ) -> Result<Vec<f32>, CoreError> {
-        // The reference embeds image placeholders as the pad token (their features are
-        // scattered in by the vision path), so we do the same for text-only calls.
+        let h = self.embed_prompt(ids)?;
+        self.encode_embeddings(cache, h, None, observe)
+    }
+
+    /// Encoder input embeddings of prompt ids: image tokens are embedded as the pad token, as
+    /// the reference does before scattering image features over them.
+    pub fn embed_prompt(&self, ids: &[u32]) -> Result<Vec<f32>, CoreError> {
         let image = self.config.image_token_id;
         let pad = self.config.text.pad_token_id;
         let ids: Vec<u32> = ids
             .iter()
             .map(|&id| if Some(id) == image { pad } else { id })
             .collect();
-        let h = self.embed(&ids)?;
-        self.encode_embeddings(cache, h, None, observe)
+        self.embed(&ids)
     }
 
     /// Encoder pass over precomputed input embeddings `[len, hidden]`; `image_blocks` gives one

@@ -10,12 +10,17 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
 
-/// Whether the AVX2 + FMA kernels can run here.
+/// Whether the AVX2 + FMA kernels run: the CPU has them and `DG_QUANT_FORCE_SCALAR` is not
+/// set (a debugging and testing switch: `DG_QUANT_FORCE_SCALAR=1 cargo test -p dg-quant`
+/// runs every test on the portable kernels).
 #[inline]
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        x86_64::available()
+        static SIMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *SIMD.get_or_init(|| {
+            x86_64::available() && std::env::var_os("DG_QUANT_FORCE_SCALAR").is_none()
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -61,15 +66,34 @@ pub fn prepare_x(x: &[f32], spec: QuantSpec) -> PreparedX {
         x86_64::permute_x_4bit(x, &mut xp);
         return PreparedX { x: xp, sums };
     }
-    PreparedX { x: x.to_vec(), sums }
+    PreparedX {
+        x: x.to_vec(),
+        sums,
+    }
 }
 
 /// Fused dot products of a prepared `x` with consecutive rows of a quantized matrix:
 /// `out[i] = x . W[i]`; `words`, `scales`, `biases` hold `out.len()` rows.
-pub fn dot_rows(x: &PreparedX, words: &[u32], scales: &[bf16], biases: &[bf16], spec: QuantSpec, out: &mut [f32]) {
+pub fn dot_rows(
+    x: &PreparedX,
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    spec: QuantSpec,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if simd_dot(spec) {
-        return x86_64::dot_rows(&x.x, &x.sums, words, scales, biases, spec.bits, spec.group_size, out);
+        return x86_64::dot_rows(
+            &x.x,
+            &x.sums,
+            words,
+            scales,
+            biases,
+            spec.bits,
+            spec.group_size,
+            out,
+        );
     }
     let cols = x.x.len();
     let wpr = spec.words_per_row(cols);
@@ -86,6 +110,36 @@ pub fn dot_rows(x: &PreparedX, words: &[u32], scales: &[bf16], biases: &[bf16], 
     }
 }
 
+/// `dot_rows` for two activation rows sharing each decoded weight row.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows2(
+    xa: &PreparedX,
+    xb: &PreparedX,
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    spec: QuantSpec,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_dot(spec) {
+        return x86_64::dot_rows2(
+            (&xa.x, &xa.sums),
+            (&xb.x, &xb.sums),
+            words,
+            scales,
+            biases,
+            spec.bits,
+            spec.group_size,
+            out_a,
+            out_b,
+        );
+    }
+    dot_rows(xa, words, scales, biases, spec, out_a);
+    dot_rows(xb, words, scales, biases, spec, out_b);
+}
+
 /// `out[j] = fma(a, v[j], out[j])`.
 #[inline]
 pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
@@ -94,4 +148,26 @@ pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
         return x86_64::axpy(a, v, out);
     }
     scalar::axpy(a, v, out)
+}
+
+/// See `scalar::tiles` (bit-identical on every path).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn tiles(
+    kc: usize,
+    xt: &[f32],
+    ldx: usize,
+    m8: usize,
+    w: &[f32],
+    ldw: usize,
+    nr: usize,
+    ct: &mut [f32],
+    ldc: usize,
+    load: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return x86_64::tiles(kc, xt, ldx, m8, w, ldw, nr, ct, ldc, load);
+    }
+    scalar::tiles(kc, xt, ldx, m8, w, ldw, nr, ct, ldc, load)
 }

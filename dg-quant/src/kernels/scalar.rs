@@ -87,6 +87,7 @@ pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
 /// MLX's own definition of one output of `quantized_matmul(transpose=True)` on the CPU
 /// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
 /// ground-truth formula; the fast paths reorder the sum.
+#[cfg(test)]
 pub fn dot_row_mlx(
     x: &[f32],
     words: &[u32],
@@ -105,4 +106,31 @@ pub fn dot_row_mlx(
         sum += xv * w;
     }
     sum
+}
+
+/// `ct[j*ldc + i] = (load ? ct[j*ldc + i] : 0) + sum_{k < kc} xt[k*ldx + i] * w[j*ldw + k]`
+/// with one fma per term in k order, for `i < m8` and `j < nr` (the GEMM tile of the
+/// compute-bound path; `xt` holds activations transposed).
+#[allow(clippy::too_many_arguments)]
+pub fn tiles(
+    kc: usize,
+    xt: &[f32],
+    ldx: usize,
+    m8: usize,
+    w: &[f32],
+    ldw: usize,
+    nr: usize,
+    ct: &mut [f32],
+    ldc: usize,
+    load: bool,
+) {
+    for j in 0..nr {
+        for i in 0..m8 {
+            let mut acc = if load { ct[j * ldc + i] } else { 0.0 };
+            for k in 0..kc {
+                acc = xt[k * ldx + i].mul_add(w[j * ldw + k], acc);
+            }
+            ct[j * ldc + i] = acc;
+        }
+    }
 }

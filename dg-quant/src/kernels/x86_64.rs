@@ -76,7 +76,7 @@ unsafe fn dequant_row_avx2(
     for gi in 0..out.len() / group_size {
         let s = _mm256_set1_ps(scales[gi].to_f32());
         let b = _mm256_set1_ps(biases[gi].to_f32());
-        // SAFETY (whole block): group gi covers words [gi*wpg, (gi+1)*wpg) and outputs
+        // SAFETY: group gi covers words [gi*wpg, (gi+1)*wpg) and outputs
         // [gi*group_size, (gi+1)*group_size), inside the lengths the caller checked.
         unsafe {
             let gw = wp.add(gi * wpg);
@@ -146,27 +146,200 @@ pub fn dot_rows(
     group_size: usize,
     out: &mut [f32],
 ) {
-    assert!(available() && matches!(bits, 4 | 8), "x86_64::dot_rows: unsupported");
+    assert!(
+        available() && matches!(bits, 4 | 8),
+        "x86_64::dot_rows: unsupported"
+    );
     let cols = x.len();
-    assert!(group_size % 32 == 0 && cols % group_size == 0, "x86_64::dot_rows: bad group");
+    assert!(
+        group_size % 32 == 0 && cols % group_size == 0,
+        "x86_64::dot_rows: bad group"
+    );
     let (wpr, gpr) = (cols * bits as usize / 32, cols / group_size);
     assert!(xsum.len() == gpr, "x86_64::dot_rows: xsum length");
     let rows = out.len();
     assert!(words.len() >= rows * wpr, "x86_64::dot_rows: short words");
-    assert!(scales.len() >= rows * gpr && biases.len() >= rows * gpr, "x86_64::dot_rows: short params");
+    assert!(
+        scales.len() >= rows * gpr && biases.len() >= rows * gpr,
+        "x86_64::dot_rows: short params"
+    );
     for (i, o) in out.iter_mut().enumerate() {
         let w = &words[i * wpr..(i + 1) * wpr];
-        let (s, b) = (&scales[i * gpr..(i + 1) * gpr], &biases[i * gpr..(i + 1) * gpr]);
+        let (s, b) = (
+            &scales[i * gpr..(i + 1) * gpr],
+            &biases[i * gpr..(i + 1) * gpr],
+        );
         // SAFETY: AVX2/FMA detected; `w` is one row of wpr words, `s`/`b` its gpr groups,
         // `x` holds cols floats and `xsum` gpr sums, as the bodies require.
         *o = unsafe {
-            if bits == 4 {
+            let dot = if bits == 4 {
                 dot4_avx2(x, w, s, group_size)
             } else {
                 dot8_avx2(x, w, s, group_size)
-            }
-        } + unsafe { bias_dot_avx2(b, xsum) };
+            };
+            dot + bias_dot_avx2(b, xsum)
+        };
     }
+}
+
+/// `dot_rows` for two activation rows at once: each weight row is decoded once and used for
+/// both (`out_a[i] = xa . W[i]`, `out_b[i] = xb . W[i]`).
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows2(
+    (xa, xsa): (&[f32], &[f32]),
+    (xb, xsb): (&[f32], &[f32]),
+    words: &[u32],
+    scales: &[bf16],
+    biases: &[bf16],
+    bits: u32,
+    group_size: usize,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    assert!(
+        available() && matches!(bits, 4 | 8),
+        "x86_64::dot_rows2: unsupported"
+    );
+    let cols = xa.len();
+    assert!(
+        xb.len() == cols && group_size % 32 == 0 && cols % group_size == 0,
+        "x86_64::dot_rows2: bad shape"
+    );
+    let (wpr, gpr) = (cols * bits as usize / 32, cols / group_size);
+    assert!(
+        xsa.len() == gpr && xsb.len() == gpr,
+        "x86_64::dot_rows2: xsum length"
+    );
+    let rows = out_a.len();
+    assert!(out_b.len() == rows, "x86_64::dot_rows2: output lengths");
+    assert!(words.len() >= rows * wpr, "x86_64::dot_rows2: short words");
+    assert!(
+        scales.len() >= rows * gpr && biases.len() >= rows * gpr,
+        "x86_64::dot_rows2: short params"
+    );
+    for i in 0..rows {
+        let w = &words[i * wpr..(i + 1) * wpr];
+        let (s, b) = (
+            &scales[i * gpr..(i + 1) * gpr],
+            &biases[i * gpr..(i + 1) * gpr],
+        );
+        // SAFETY: AVX2/FMA detected; `w` is one row of wpr words, `s`/`b` its gpr groups,
+        // both x rows hold cols floats and their sums gpr values.
+        unsafe {
+            let (da, db) = if bits == 4 {
+                dot4x2_avx2(xa, xb, w, s, group_size)
+            } else {
+                dot8x2_avx2(xa, xb, w, s, group_size)
+            };
+            out_a[i] = da + bias_dot_avx2(b, xsa);
+            out_b[i] = db + bias_dot_avx2(b, xsb);
+        }
+    }
+}
+
+/// `dot4_avx2` for two x rows (two FMA chains each).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4x2_avx2(
+    xa: &[f32],
+    xb: &[f32],
+    words: &[u32],
+    scales: &[bf16],
+    group_size: usize,
+) -> (f32, f32) {
+    let cols = xa.len();
+    let (pa, pb) = (xa.as_ptr(), xb.as_ptr());
+    let wp = words.as_ptr() as *const u8;
+    let low = _mm256_set1_epi8(0x0F);
+    let m0 = _mm256_setr_epi8(
+        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1,
+        6, -1, -1, -1, 7, -1, -1, -1,
+    );
+    let m1 = _mm256_setr_epi8(
+        8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1,
+        -1, 14, -1, -1, -1, 15, -1, -1, -1,
+    );
+    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+        let (mut a0, mut a1, mut b0, mut b1) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
+        let mut k = gi * group_size;
+        while k < (gi + 1) * group_size {
+            // SAFETY: k + 32 <= cols: x vectors of both rows and the row's 16 bytes at k/2
+            // are in bounds.
+            unsafe {
+                let v =
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(wp.add(k / 2) as *const __m128i));
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), q, a0);
+                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k)), q, b0);
+                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1));
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), q, a1);
+                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 8)), q, b1);
+                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 16)), q, a0);
+                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 16)), q, b0);
+                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1));
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 24)), q, a1);
+                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 24)), q, b1);
+            }
+            k += 32;
+        }
+        let s = _mm256_set1_ps(bf16_f32(*scale));
+        acc_a = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc_a);
+        acc_b = _mm256_fmadd_ps(s, _mm256_add_ps(b0, b1), acc_b);
+    }
+    (hsum(acc_a), hsum(acc_b))
+}
+
+/// `dot8_avx2` for two x rows (two FMA chains each).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot8x2_avx2(
+    xa: &[f32],
+    xb: &[f32],
+    words: &[u32],
+    scales: &[bf16],
+    group_size: usize,
+) -> (f32, f32) {
+    let cols = xa.len();
+    let (pa, pb) = (xa.as_ptr(), xb.as_ptr());
+    let wp = words.as_ptr() as *const u8;
+    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+        let (mut a0, mut a1, mut b0, mut b1) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
+        let mut k = gi * group_size;
+        while k < (gi + 1) * group_size {
+            // SAFETY: k + 16 <= cols: x vectors of both rows and bytes k..k+16 of the row
+            // are in bounds.
+            unsafe {
+                let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    wp.add(k) as *const __m128i
+                )));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), q, a0);
+                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k)), q, b0);
+                let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    wp.add(k + 8) as *const __m128i
+                )));
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), q, a1);
+                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 8)), q, b1);
+            }
+            k += 16;
+        }
+        let s = _mm256_set1_ps(bf16_f32(*scale));
+        acc_a = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc_a);
+        acc_b = _mm256_fmadd_ps(s, _mm256_add_ps(b0, b1), acc_b);
+    }
+    (hsum(acc_a), hsum(acc_b))
 }
 
 /// bf16 -> f32 is exact: the bf16 bits are the f32's high half.
@@ -207,32 +380,55 @@ unsafe fn dot4_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize
     let low = _mm256_set1_epi8(0x0F);
     // Byte k of the 16 broadcast bytes into dword lane k (low lane: bytes 0-3, high: 4-7).
     let m0 = _mm256_setr_epi8(
-        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1,
+        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1,
+        6, -1, -1, -1, 7, -1, -1, -1,
     );
     let m1 = _mm256_setr_epi8(
-        8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1,
-        -1,
+        8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1,
+        -1, 14, -1, -1, -1, 15, -1, -1, -1,
     );
     let mut acc = _mm256_setzero_ps();
-    for gi in 0..cols / group_size {
-        let (mut a0, mut a1, mut a2, mut a3) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
         let mut k = gi * group_size;
         while k < (gi + 1) * group_size {
             // SAFETY: k + 32 <= cols: four x vectors and the 16 bytes of elements k..k+32
             // (byte offset k/2 of the row) are in bounds.
             unsafe {
-                let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(wp.add(k / 2) as *const __m128i));
+                let v =
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(wp.add(k / 2) as *const __m128i));
                 let lo = _mm256_and_si256(v, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0)), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 8)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1)), a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 16)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0)), a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 24)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1)), a3);
+                a0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(xp.add(k)),
+                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0)),
+                    a0,
+                );
+                a1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(xp.add(k + 8)),
+                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1)),
+                    a1,
+                );
+                a2 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(xp.add(k + 16)),
+                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0)),
+                    a2,
+                );
+                a3 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(xp.add(k + 24)),
+                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1)),
+                    a3,
+                );
             }
             k += 32;
         }
         let dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(scales[gi])), dot, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(*scale)), dot, acc);
     }
     hsum(acc)
 }
@@ -244,8 +440,13 @@ unsafe fn dot8_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize
     let xp = x.as_ptr();
     let wp = words.as_ptr() as *const u8;
     let mut acc = _mm256_setzero_ps();
-    for gi in 0..cols / group_size {
-        let (mut a0, mut a1, mut a2, mut a3) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
         let mut k = gi * group_size;
         while k < (gi + 1) * group_size {
             // SAFETY: k + 32 <= cols: four x vectors and bytes k..k+32 of the row are in bounds.
@@ -262,7 +463,7 @@ unsafe fn dot8_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize
             k += 32;
         }
         let dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(scales[gi])), dot, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(*scale)), dot, acc);
     }
     hsum(acc)
 }
@@ -296,6 +497,136 @@ unsafe fn axpy_avx2(a: f32, v: &[f32], out: &mut [f32]) {
     }
     for k in j..n {
         out[k] = a.mul_add(v[k], out[k]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM tiles for the compute-bound path: activations transposed (`xt [k][m8]`, 8 rows per
+// vector), weights dequantized in their natural layout and broadcast one element at a time.
+// Each output lane accumulates its whole reduction in k order with fma, bit-identical to
+// scalar::tiles.
+
+/// Rows of W per register tile (2 x 6 accumulators + 2 x vectors + 1 broadcast = 15 of the
+/// 16 ymm registers).
+pub const TILE_ROWS: usize = 6;
+
+/// `ct[j*ldc + i] = (load ? ct[j*ldc + i] : 0) + sum_{k < kc} xt[k*ldx + i] * w[j*ldw + k]`
+/// (fma, in k order) for `i < m8` (a multiple of 8) and `j < nr`.
+#[allow(clippy::too_many_arguments)]
+pub fn tiles(
+    kc: usize,
+    xt: &[f32],
+    ldx: usize,
+    m8: usize,
+    w: &[f32],
+    ldw: usize,
+    nr: usize,
+    ct: &mut [f32],
+    ldc: usize,
+    load: bool,
+) {
+    assert!(
+        available() && m8 % 8 == 0 && m8 <= ldx && kc <= ldw && m8 <= ldc,
+        "x86_64::tiles: bad layout"
+    );
+    if kc == 0 || m8 == 0 || nr == 0 {
+        if !load {
+            for j in 0..nr {
+                ct[j * ldc..j * ldc + m8].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(
+        (kc - 1) * ldx + m8 <= xt.len(),
+        "x86_64::tiles: xt too short"
+    );
+    assert!((nr - 1) * ldw + kc <= w.len(), "x86_64::tiles: w too short");
+    assert!(
+        (nr - 1) * ldc + m8 <= ct.len(),
+        "x86_64::tiles: ct too short"
+    );
+    let mut j = 0;
+    while j < nr {
+        let n = (nr - j).min(TILE_ROWS);
+        let mut v = 0;
+        while v < m8 / 8 {
+            let mv = (m8 / 8 - v).min(2);
+            // SAFETY: AVX2/FMA detected; the tile reads xt[k*ldx + 8v .. + 8*mv] for k < kc,
+            // w[(j + r)*ldw + k] for r < n, and reads/writes ct[(j + r)*ldc + 8v .. + 8*mv]:
+            // all inside the extents asserted above (8v + 8mv <= m8, j + n <= nr).
+            unsafe {
+                let (xp, wp, cp) = (
+                    xt.as_ptr().add(8 * v),
+                    w.as_ptr().add(j * ldw),
+                    ct.as_mut_ptr().add(j * ldc + 8 * v),
+                );
+                match (mv, n) {
+                    (2, 6) => tile_avx2::<2, 6>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (2, 5) => tile_avx2::<2, 5>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (2, 4) => tile_avx2::<2, 4>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (2, 3) => tile_avx2::<2, 3>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (2, 2) => tile_avx2::<2, 2>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (2, _) => tile_avx2::<2, 1>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (_, 6) => tile_avx2::<1, 6>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (_, 5) => tile_avx2::<1, 5>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (_, 4) => tile_avx2::<1, 4>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (_, 3) => tile_avx2::<1, 3>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    (_, 2) => tile_avx2::<1, 2>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                    _ => tile_avx2::<1, 1>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                }
+            }
+            v += mv;
+        }
+        j += n;
+    }
+}
+
+/// One register tile: `MV` vectors of 8 activation rows x `NR` weight rows.
+///
+/// # Safety
+/// AVX2/FMA available; `xt` valid for reads of `xt[k*ldx .. + 8*MV]` (k < kc), `w` of
+/// `w[r*ldw + k]` (r < NR, k < kc), `ct` for reads/writes of `ct[r*ldc .. + 8*MV]` (r < NR).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const MV: usize, const NR: usize>(
+    kc: usize,
+    xt: *const f32,
+    ldx: usize,
+    w: *const f32,
+    ldw: usize,
+    ct: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    let mut acc = [[_mm256_setzero_ps(); MV]; NR];
+    // SAFETY: every access is inside the ranges of the contract above.
+    unsafe {
+        if load {
+            for (r, a) in acc.iter_mut().enumerate() {
+                for (v, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_loadu_ps(ct.add(r * ldc + 8 * v));
+                }
+            }
+        }
+        for k in 0..kc {
+            let mut xv = [_mm256_setzero_ps(); MV];
+            for (v, xv) in xv.iter_mut().enumerate() {
+                *xv = _mm256_loadu_ps(xt.add(k * ldx + 8 * v));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let wb = _mm256_broadcast_ss(&*w.add(r * ldw + k));
+                for (v, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(xv[v], wb, *a);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (v, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(ct.add(r * ldc + 8 * v), *a);
+            }
+        }
     }
 }
 
@@ -423,6 +754,32 @@ mod tests {
             axpy(0.37, &v, &mut a);
             scalar::axpy(0.37, &v, &mut b);
             assert_eq!(a, b, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn tiles_match_scalar_bit_for_bit() {
+        if !available() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        for (kc, m8, nr) in [
+            (1usize, 8usize, 1usize),
+            (7, 16, 6),
+            (64, 24, 13),
+            (33, 40, 5),
+            (128, 8, 7),
+        ] {
+            let (ldx, ldw, ldc) = (m8 + 8, kc + 3, m8 + 16);
+            let xt: Vec<f32> = (0..kc * ldx).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let w: Vec<f32> = (0..nr * ldw).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let init: Vec<f32> = (0..nr * ldc).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for load in [false, true] {
+                let (mut a, mut b) = (init.clone(), init.clone());
+                tiles(kc, &xt, ldx, m8, &w, ldw, nr, &mut a, ldc, load);
+                scalar::tiles(kc, &xt, ldx, m8, &w, ldw, nr, &mut b, ldc, load);
+                assert_eq!(a, b, "kc {kc} m8 {m8} nr {nr} load {load}");
+            }
         }
     }
 }

@@ -1,0 +1,170 @@
+//! Turning a request's prompt (and images) into encoder input: token ids, and for image prompts
+//! the expanded image blocks, their token types and the image features to scatter in.
+
+use std::path::PathBuf;
+
+use dg_core::{KvCache, TextModel};
+use dg_tokenize::{expand_image_tokens, ImageTokenIds, TOKEN_TYPE_TEXT};
+use dg_vision::{ImageFeatures, VisionModel};
+
+use crate::error::{EngineError, Result};
+
+/// An image given with a request.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Image {
+    /// An image file (PNG, JPEG, WebP, GIF first frame).
+    Path(PathBuf),
+    /// Encoded image bytes.
+    Bytes(Vec<u8>),
+    /// Decoded 8-bit RGB pixels, row-major.
+    Rgb {
+        width: usize,
+        height: usize,
+        pixels: Vec<u8>,
+    },
+}
+
+impl From<PathBuf> for Image {
+    fn from(p: PathBuf) -> Self {
+        Image::Path(p)
+    }
+}
+
+impl From<&str> for Image {
+    fn from(p: &str) -> Self {
+        Image::Path(p.into())
+    }
+}
+
+/// A prompt ready for the encoder.
+#[derive(Clone, Debug)]
+pub struct PreparedPrompt {
+    /// Token ids, image placeholders expanded to `boi + image * n + eoi`.
+    pub ids: Vec<u32>,
+    /// One per id (0 text, 1 image); empty for text-only prompts.
+    pub token_types: Vec<u32>,
+    /// Features of each image, in prompt order.
+    pub features: Vec<ImageFeatures>,
+}
+
+/// Expands image placeholders in `ids` and encodes the images.
+pub(crate) fn attach_images(
+    ids: Vec<u32>,
+    images: &[Image],
+    vision: Option<&VisionModel>,
+    tokens: Option<ImageTokenIds>,
+) -> Result<PreparedPrompt> {
+    let placeholders = tokens.map_or(0, |t| ids.iter().filter(|&&id| id == t.image).count());
+    if images.is_empty() && placeholders == 0 {
+        return Ok(PreparedPrompt {
+            ids,
+            token_types: Vec::new(),
+            features: Vec::new(),
+        });
+    }
+    let (Some(vision), Some(tokens)) = (vision, tokens) else {
+        return Err(EngineError::InvalidArgument {
+            name: "images",
+            reason: "this checkpoint has no vision tower".into(),
+        });
+    };
+    if placeholders != images.len() {
+        return Err(EngineError::InvalidArgument {
+            name: "images",
+            reason: format!(
+                "{} images for {placeholders} image placeholders (token {}) in the prompt",
+                images.len(),
+                tokens.image
+            ),
+        });
+    }
+    let processor = vision.processor();
+    let prepared = images
+        .iter()
+        .map(|image| match image {
+            Image::Path(path) => processor.prepare_path(path),
+            Image::Bytes(bytes) => processor.prepare_bytes(bytes, "image bytes"),
+            Image::Rgb {
+                width,
+                height,
+                pixels,
+            } => processor.prepare_rgb(*width, *height, pixels),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let counts: Vec<usize> = prepared.iter().map(|p| p.soft_tokens).collect();
+    let expanded = expand_image_tokens(&ids, &tokens, &counts)?;
+    let features = vision.encode_all(&prepared)?;
+    Ok(PreparedPrompt {
+        ids: expanded.ids,
+        token_types: expanded.token_types,
+        features,
+    })
+}
+
+/// Prefills `cache` with the prompt: image features replace the image-token embeddings and
+/// each image block attends to itself bidirectionally (the reference's vision overlay).
+pub(crate) fn prefill(
+    model: &TextModel,
+    cache: &mut KvCache,
+    prompt: &PreparedPrompt,
+) -> Result<()> {
+    if prompt.features.is_empty() {
+        model.encode(cache, &prompt.ids, |_, _| {})?;
+        return Ok(());
+    }
+    let hidden = model.hidden_size();
+    let mut embeds = model.embed_prompt(&prompt.ids)?;
+    let image_token = model.config().image_token_id.unwrap_or(u32::MAX);
+    dg_vision::scatter_image_features(
+        &mut embeds,
+        hidden,
+        &prompt.ids,
+        image_token,
+        &prompt.features,
+    )?;
+    model.encode_embeddings(
+        cache,
+        embeds,
+        Some(&image_blocks(&prompt.token_types)),
+        |_, _| {},
+    )?;
+    Ok(())
+}
+
+/// Block id per position: contiguous runs of image tokens get 0, 1, 2, ...; text gets -1.
+fn image_blocks(token_types: &[u32]) -> Vec<i32> {
+    let mut next = 0;
+    let mut previous_image = false;
+    token_types
+        .iter()
+        .map(|&t| {
+            let image = t != TOKEN_TYPE_TEXT;
+            let id = if image {
+                if !previous_image {
+                    next += 1;
+                }
+                next - 1
+            } else {
+                -1
+            };
+            previous_image = image;
+            id
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::image_blocks;
+
+    #[test]
+    fn image_runs_become_blocks() {
+        assert_eq!(
+            image_blocks(&[0, 1, 1, 0, 0, 1, 0]),
+            vec![-1, 0, 0, -1, -1, 1, -1]
+        );
+        assert_eq!(image_blocks(&[1, 1]), vec![0, 0]);
+        assert_eq!(image_blocks(&[]), Vec::<i32>::new());
+    }
+}
