@@ -55,3 +55,11 @@ fn main() -> Result<()> {
     );
     Ok(())
 }
+
+/// Peak resident memory of this process (Linux `VmHWM`), in MiB; `None` elsewhere.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}

@@ -87,14 +87,11 @@ def main() -> None:
                 check=True, capture_output=True, text=True,
             ).stdout
             results[f"reference_{kind}"] = json.loads(out.strip().splitlines()[-1])
-        # dg: peak RSS of the child from /usr/bin/time-free accounting.
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         out = cargo_example(
             "step_time", "--model", tmp, "--prompt-len", str(a.prompt_len), "--steps",
             str(max(a.steps, 10)),
         )
         dg = json.loads(out.strip().splitlines()[-1])
-        dg["peak_rss_mb_children_max"] = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
         results["dg"] = dg
     fastest_ref = min(results["reference_bf16"]["per_step_s"], results["reference_f32"]["per_step_s"])
     results["ratio_vs_bf16"] = results["reference_bf16"]["per_step_s"] / dg["per_step_s"]
