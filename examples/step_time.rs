@@ -51,7 +51,8 @@ fn main() -> Result<()> {
     let per_step = start.elapsed().as_secs_f64() / a.steps as f64;
     println!(
         "{}",
-        serde_json::json!({"per_step_s": per_step, "canvas": canvas_len, "prompt": a.prompt_len})
+        serde_json::json!({"per_step_s": per_step, "canvas": canvas_len, "prompt": a.prompt_len,
+            "peak_rss_mb": peak_rss_mb()})
     );
     Ok(())
 }

@@ -8,7 +8,10 @@
 //! - `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the `gemm`
 //!   crate.
 //!
-//! `x @ W` (soft embeddings) uses the same dequantized-panel idea along the reduction axis.
+//! `x @ W` (soft embeddings) dequantizes weight rows in their natural layout (16 output
+//! columns per pair of vectors) and accumulates 6x16 register tiles over the reduction axis:
+//! split into fixed chunks whose partial sums are added in order for `m <= 8`, walked in
+//! order by column-panel tasks otherwise.
 //!
 //! Work is split into fixed panels independent of the thread count, and each output element
 //! is reduced by one task in a fixed order, so results do not depend on the pool size. They
@@ -33,6 +36,10 @@ const TILED_MAX_M: usize = 48;
 const FUSED_ROWS_PER_TASK: usize = 64;
 /// Rows of `W` dequantized per panel in the GEMM path of `x @ W^T`.
 const PANEL_ROWS: usize = 64;
+/// Up to this many activation rows, `x @ W` splits the reduction axis (see `matmul`).
+const XW_SPLIT_MAX_M: usize = 8;
+/// Weight rows dequantized per step of the split `x @ W` path.
+const XW_SUB_ROWS: usize = 16;
 /// Output columns per task of `x @ W` (a multiple of every group size).
 const PANEL_COLS: usize = 256;
 /// Rows of `W` (the reduction axis) dequantized per step of `x @ W`.
@@ -223,57 +230,88 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
         out.fill(0.0);
         return Ok(());
     }
-    let (g, bits) = (w.spec.group_size, w.spec.bits as usize);
-    if m <= FUSED_MAX_M {
-        // Each task owns a column range; rows of W stream through a small dequantized buffer
-        // and are accumulated into every x row with fma, in row order.
-        par_column_panels(out, m, w.cols, PANEL_COLS, |mut panel| {
-            let (c0, cw) = (panel.start(), panel.width());
-            for i in 0..m {
-                panel.row_mut(i).fill(0.0);
-            }
-            with_buffer(cw, |buf| {
-                for r in 0..w.rows {
-                    let (s, b) = w.row_params(r);
-                    let words = w.row_words(r);
-                    kernels::dequant_row(
-                        &words[c0 * bits / 32..(c0 + cw) * bits / 32],
-                        &s[c0 / g..(c0 + cw) / g],
-                        &b[c0 / g..(c0 + cw) / g],
-                        w.spec,
-                        buf,
-                    );
-                    for i in 0..m {
-                        kernels::axpy(x[i * w.rows + r], buf, panel.row_mut(i));
-                    }
-                }
-            });
-        });
-    } else {
-        // Each task owns a column range and walks the reduction axis in fixed steps of
-        // PANEL_DEPTH rows, dequantizing W[step, columns] and accumulating with gemm.
-        par_column_panels(out, m, w.cols, PANEL_COLS, |mut panel| {
-            let (c0, cw) = (panel.start(), panel.width());
-            with_buffer(PANEL_DEPTH * cw, |buf| {
-                for (step, r0) in (0..w.rows).step_by(PANEL_DEPTH).enumerate() {
-                    let r1 = (r0 + PANEL_DEPTH).min(w.rows);
-                    for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(cw)) {
-                        let (s, b) = w.row_params(r);
-                        let words = w.row_words(r);
-                        kernels::dequant_row(
-                            &words[c0 * bits / 32..(c0 + cw) * bits / 32],
-                            &s[c0 / g..(c0 + cw) / g],
-                            &b[c0 / g..(c0 + cw) / g],
-                            w.spec,
-                            row,
+    let cols = w.cols;
+    if m <= XW_SPLIT_MAX_M {
+        // Few rows: the reduction axis is split into fixed chunks (contiguous weight rows,
+        // streamed once); each chunk's partial product is reduced in chunk order.
+        let depth = xw_chunk_rows(w.rows);
+        let chunks = w.rows.div_ceil(depth);
+        let partials: Vec<Vec<f32>> = (0..chunks)
+            .into_par_iter()
+            .map(|c| {
+                let (r0, r1) = (c * depth, ((c + 1) * depth).min(w.rows));
+                let mut p = vec![0.0f32; m * cols];
+                with_buffer(XW_SUB_ROWS * cols, |buf| {
+                    for (step, s0) in (r0..r1).step_by(XW_SUB_ROWS).enumerate() {
+                        let s1 = (s0 + XW_SUB_ROWS).min(r1);
+                        for (r, row) in (s0..s1).zip(buf.chunks_exact_mut(cols)) {
+                            dequant_part(w, r, 0, cols, row);
+                        }
+                        kernels::tiles_n(
+                            s1 - s0,
+                            &x[s0..],
+                            w.rows,
+                            m,
+                            buf,
+                            cols,
+                            cols,
+                            &mut p,
+                            cols,
+                            step > 0,
                         );
                     }
-                    panel.gemm(r1 - r0, step > 0, &x[r0..], w.rows, buf, cw, 1);
-                }
+                });
+                p
+            })
+            .collect();
+        out.copy_from_slice(&partials[0]);
+        for p in &partials[1..] {
+            for (o, v) in out.iter_mut().zip(p) {
+                *o += v;
+            }
+        }
+    } else {
+        // Each task owns a column range and walks the reduction axis in fixed steps of
+        // PANEL_DEPTH rows, dequantizing W[step, columns] and accumulating register tiles.
+        par_column_panels(out, m, cols, PANEL_COLS, |mut panel| {
+            let (c0, cw) = (panel.start(), panel.width());
+            with_buffer(PANEL_DEPTH * cw, |buf| {
+                with_buffer(m * cw, |acc| {
+                    for (step, r0) in (0..w.rows).step_by(PANEL_DEPTH).enumerate() {
+                        let r1 = (r0 + PANEL_DEPTH).min(w.rows);
+                        for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(cw)) {
+                            dequant_part(w, r, c0, c0 + cw, row);
+                        }
+                        kernels::tiles_n(
+                            r1 - r0,
+                            &x[r0..],
+                            w.rows,
+                            m,
+                            buf,
+                            cw,
+                            cw,
+                            acc,
+                            cw,
+                            step > 0,
+                        );
+                    }
+                    for i in 0..m {
+                        panel.row_mut(i).copy_from_slice(&acc[i * cw..(i + 1) * cw]);
+                    }
+                });
             });
         });
     }
     Ok(())
+}
+
+/// Rows of the reduction axis per chunk of the few-rows `x @ W` path: at most 64 chunks (the
+/// partial sums' memory), at least 256 rows; a function of the shape only.
+fn xw_chunk_rows(rows: usize) -> usize {
+    rows.div_ceil(64)
+        .div_ceil(XW_SUB_ROWS)
+        .max(256 / XW_SUB_ROWS)
+        * XW_SUB_ROWS
 }
 
 /// MoE gathered product (`mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose=True)`):

@@ -64,7 +64,7 @@ pub fn expand_image_tokens(
             // Cannot fail: the number of placeholders was checked above.
             let n = counts.next().copied().unwrap_or(0);
             out.ids.push(tokens.boi);
-            out.ids.extend(std::iter::repeat(tokens.image).take(n));
+            out.ids.extend(std::iter::repeat_n(tokens.image, n));
             out.ids.push(tokens.eoi);
         } else {
             out.ids.push(t);

@@ -44,10 +44,6 @@ impl Goldens {
         Goldens { tensors }
     }
 
-    pub fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
-    }
-
     pub fn f32(&self, name: &str) -> &[f32] {
         &self
             .tensors

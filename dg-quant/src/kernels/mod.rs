@@ -140,16 +140,6 @@ pub fn dot_rows2(
     dot_rows(xb, words, scales, biases, spec, out_b);
 }
 
-/// `out[j] = fma(a, v[j], out[j])`.
-#[inline]
-pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        return x86_64::axpy(a, v, out);
-    }
-    scalar::axpy(a, v, out)
-}
-
 /// See `scalar::tiles` (bit-identical on every path).
 #[allow(clippy::too_many_arguments)]
 #[inline]
@@ -170,4 +160,26 @@ pub fn tiles(
         return x86_64::tiles(kc, xt, ldx, m8, w, ldw, nr, ct, ldc, load);
     }
     scalar::tiles(kc, xt, ldx, m8, w, ldw, nr, ct, ldc, load)
+}
+
+/// See `scalar::tiles_n` (bit-identical on every path; `ncols` a multiple of 16).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn tiles_n(
+    kc: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    w: &[f32],
+    ldw: usize,
+    ncols: usize,
+    p: &mut [f32],
+    ldp: usize,
+    load: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return x86_64::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load);
+    }
+    scalar::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load)
 }

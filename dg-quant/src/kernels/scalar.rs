@@ -77,13 +77,6 @@ pub fn dot_row(
     acc + acc_bias
 }
 
-/// `out[j] = fma(a, v[j], out[j])`.
-pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
-    for (o, v) in out.iter_mut().zip(v) {
-        *o = a.mul_add(*v, *o);
-    }
-}
-
 /// MLX's own definition of one output of `quantized_matmul(transpose=True)` on the CPU
 /// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
 /// ground-truth formula; the fast paths reorder the sum.
@@ -131,6 +124,32 @@ pub fn tiles(
                 acc = xt[k * ldx + i].mul_add(w[j * ldw + k], acc);
             }
             ct[j * ldc + i] = acc;
+        }
+    }
+}
+
+/// `p[i*ldp + c] = (load ? p[i*ldp + c] : 0) + sum_{k < kc} x[i*ldx + k] * w[k*ldw + c]` with
+/// one fma per term in k order, for `i < m` and `c < ncols` (the GEMM tile of `x @ W`).
+#[allow(clippy::too_many_arguments)]
+pub fn tiles_n(
+    kc: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    w: &[f32],
+    ldw: usize,
+    ncols: usize,
+    p: &mut [f32],
+    ldp: usize,
+    load: bool,
+) {
+    for i in 0..m {
+        for c in 0..ncols {
+            let mut acc = if load { p[i * ldp + c] } else { 0.0 };
+            for k in 0..kc {
+                acc = x[i * ldx + k].mul_add(w[k * ldw + c], acc);
+            }
+            p[i * ldp + c] = acc;
         }
     }
 }

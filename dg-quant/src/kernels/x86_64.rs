@@ -469,38 +469,6 @@ unsafe fn dot8_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize
 }
 
 // ---------------------------------------------------------------------------------------------
-// out[j] = fma(a, v[j], out[j]), bit-identical to scalar::axpy.
-
-/// `out[j] = fma(a, v[j], out[j])` for `j < out.len()` (`v` at least as long).
-pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
-    assert!(
-        available() && v.len() >= out.len(),
-        "x86_64::axpy: unsupported"
-    );
-    // SAFETY: AVX2/FMA detected; the body touches out.len() elements of both slices.
-    unsafe { axpy_avx2(a, v, out) }
-}
-
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_avx2(a: f32, v: &[f32], out: &mut [f32]) {
-    let n = out.len();
-    let av = _mm256_set1_ps(a);
-    let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
-    let mut j = 0;
-    while j + 8 <= n {
-        // SAFETY: j + 8 <= n <= v.len().
-        unsafe {
-            let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(vp.add(j)), _mm256_loadu_ps(op.add(j)));
-            _mm256_storeu_ps(op.add(j), r);
-        }
-        j += 8;
-    }
-    for k in j..n {
-        out[k] = a.mul_add(v[k], out[k]);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // GEMM tiles for the compute-bound path: activations transposed (`xt [k][m8]`, 8 rows per
 // vector), weights dequantized in their natural layout and broadcast one element at a time.
 // Each output lane accumulates its whole reduction in k order with fma, bit-identical to
@@ -630,6 +598,126 @@ unsafe fn tile_avx2<const MV: usize, const NR: usize>(
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// GEMM tiles for `x @ W` (reduction over W's rows): weights dequantized in their natural
+// layout give 16 output columns per two vector loads, activations are broadcast.
+
+/// Activation rows per register tile of `tiles_n` (6 x 2 accumulators + 2 weight vectors + 1
+/// broadcast = 15 ymm registers).
+pub const TILE_N_ROWS: usize = 6;
+
+/// `p[i*ldp + c] = (load ? p[i*ldp + c] : 0) + sum_{k < kc} x[i*ldx + k] * w[k*ldw + c]`
+/// (fma, in k order) for `i < m` and `c < ncols` (a multiple of 16).
+#[allow(clippy::too_many_arguments)]
+pub fn tiles_n(
+    kc: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    w: &[f32],
+    ldw: usize,
+    ncols: usize,
+    p: &mut [f32],
+    ldp: usize,
+    load: bool,
+) {
+    assert!(
+        available() && ncols % 16 == 0 && kc <= ldx && ncols <= ldw && ncols <= ldp,
+        "x86_64::tiles_n: bad layout"
+    );
+    if m == 0 || ncols == 0 {
+        return;
+    }
+    if kc == 0 {
+        if !load {
+            for i in 0..m {
+                p[i * ldp..i * ldp + ncols].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(
+        (m - 1) * ldx + kc <= x.len(),
+        "x86_64::tiles_n: x too short"
+    );
+    assert!(
+        (kc - 1) * ldw + ncols <= w.len(),
+        "x86_64::tiles_n: w too short"
+    );
+    assert!(
+        (m - 1) * ldp + ncols <= p.len(),
+        "x86_64::tiles_n: p too short"
+    );
+    for c in (0..ncols).step_by(16) {
+        let mut i = 0;
+        while i < m {
+            let mr = (m - i).min(TILE_N_ROWS);
+            // SAFETY: AVX2/FMA detected; the tile reads x[(i + r)*ldx + k] (r < mr, k < kc),
+            // w[k*ldw + c .. + 16] and reads/writes p[(i + r)*ldp + c .. + 16]: inside the
+            // extents asserted above (i + mr <= m, c + 16 <= ncols).
+            unsafe {
+                let (xp, wp, pp) = (
+                    x.as_ptr().add(i * ldx),
+                    w.as_ptr().add(c),
+                    p.as_mut_ptr().add(i * ldp + c),
+                );
+                match mr {
+                    6 => tile_n_avx2::<6>(kc, xp, ldx, wp, ldw, pp, ldp, load),
+                    5 => tile_n_avx2::<5>(kc, xp, ldx, wp, ldw, pp, ldp, load),
+                    4 => tile_n_avx2::<4>(kc, xp, ldx, wp, ldw, pp, ldp, load),
+                    3 => tile_n_avx2::<3>(kc, xp, ldx, wp, ldw, pp, ldp, load),
+                    2 => tile_n_avx2::<2>(kc, xp, ldx, wp, ldw, pp, ldp, load),
+                    _ => tile_n_avx2::<1>(kc, xp, ldx, wp, ldw, pp, ldp, load),
+                }
+            }
+            i += mr;
+        }
+    }
+}
+
+/// One register tile of `tiles_n`: `MR` activation rows x 16 columns.
+///
+/// # Safety
+/// AVX2/FMA available; `x` valid for reads of `x[r*ldx + k]` (r < MR, k < kc), `w` of
+/// `w[k*ldw .. + 16]` (k < kc), `p` for reads/writes of `p[r*ldp .. + 16]` (r < MR).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_n_avx2<const MR: usize>(
+    kc: usize,
+    x: *const f32,
+    ldx: usize,
+    w: *const f32,
+    ldw: usize,
+    p: *mut f32,
+    ldp: usize,
+    load: bool,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // SAFETY: every access is inside the ranges of the contract above.
+    unsafe {
+        if load {
+            for (r, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm256_loadu_ps(p.add(r * ldp));
+                a[1] = _mm256_loadu_ps(p.add(r * ldp + 8));
+            }
+        }
+        for k in 0..kc {
+            let w0 = _mm256_loadu_ps(w.add(k * ldw));
+            let w1 = _mm256_loadu_ps(w.add(k * ldw + 8));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xb = _mm256_broadcast_ss(&*x.add(r * ldx + k));
+                a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
+                a[1] = _mm256_fmadd_ps(xb, w1, a[1]);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(p.add(r * ldp), a[0]);
+            _mm256_storeu_ps(p.add(r * ldp + 8), a[1]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
@@ -742,22 +830,6 @@ mod tests {
     }
 
     #[test]
-    fn axpy_matches_scalar_bit_for_bit() {
-        if !available() {
-            return;
-        }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        for n in [0usize, 1, 7, 8, 9, 31, 100] {
-            let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let base: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let (mut a, mut b) = (base.clone(), base);
-            axpy(0.37, &v, &mut a);
-            scalar::axpy(0.37, &v, &mut b);
-            assert_eq!(a, b, "n = {n}");
-        }
-    }
-
-    #[test]
     fn tiles_match_scalar_bit_for_bit() {
         if !available() {
             return;
@@ -779,6 +851,32 @@ mod tests {
                 tiles(kc, &xt, ldx, m8, &w, ldw, nr, &mut a, ldc, load);
                 scalar::tiles(kc, &xt, ldx, m8, &w, ldw, nr, &mut b, ldc, load);
                 assert_eq!(a, b, "kc {kc} m8 {m8} nr {nr} load {load}");
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_n_match_scalar_bit_for_bit() {
+        if !available() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for (kc, m, ncols) in [
+            (1usize, 1usize, 16usize),
+            (9, 7, 32),
+            (64, 13, 48),
+            (31, 6, 16),
+            (100, 2, 64),
+        ] {
+            let (ldx, ldw, ldp) = (kc + 5, ncols + 16, ncols + 3);
+            let x: Vec<f32> = (0..m * ldx).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let w: Vec<f32> = (0..kc * ldw).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let init: Vec<f32> = (0..m * ldp).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for load in [false, true] {
+                let (mut a, mut b) = (init.clone(), init.clone());
+                tiles_n(kc, &x, ldx, m, &w, ldw, ncols, &mut a, ldp, load);
+                scalar::tiles_n(kc, &x, ldx, m, &w, ldw, ncols, &mut b, ldp, load);
+                assert_eq!(a, b, "kc {kc} m {m} ncols {ncols} load {load}");
             }
         }
     }
