@@ -184,7 +184,7 @@ impl Checkpoint {
         let file = Arc::new(MappedFile::open(path)?);
         let bytes = file.bytes();
         let (header_len, metadata) = SafeTensors::read_metadata(bytes)
-            .map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+            .map_err(|e| bad(format!("truncated or corrupt safetensors file: {e}")))?;
         let data_start = 8 + header_len;
         let shard = self.shards.len();
         for (stored_name, info) in metadata.tensors() {
