@@ -28,7 +28,10 @@ fn assert_close(what: &str, ours: &[f32], golden: &[f32], bound: f32) {
     let diff = max_abs_diff(ours, golden);
     let scale = max_abs(golden).max(1e-6);
     // Shown with --nocapture: the measured margin to the bound.
-    println!("{what}: max |diff| {diff:.2e}, {:.2e} of max |ref|", diff / scale);
+    println!(
+        "{what}: max |diff| {diff:.2e}, {:.2e} of max |ref|",
+        diff / scale
+    );
     assert!(
         diff <= bound * scale,
         "{what}: max |diff| {diff:e} exceeds {bound:e} x max |ref| {scale:e}"
