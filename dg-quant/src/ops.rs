@@ -39,7 +39,8 @@ pub fn rms_norm_rows(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32, ou
 }
 
 /// `tanh` as a branch-free rational approximation (Eigen's `ptanh_float` coefficients),
-/// within a few ulp of the correctly rounded value. libm's `tanhf` is a call per element
+/// within a few ulp of the correctly rounded value. Plain multiply-adds, not `mul_add`: without
+/// FMA enabled at compile time `mul_add` is a libm call per use. libm's `tanhf` is a call per element
 /// and was a quarter of a denoising step (the soft cap and every GeGLU use it); this form
 /// vectorizes.
 #[inline]
@@ -59,16 +60,16 @@ pub fn tanh(x: f32) -> f32 {
     const B6: f32 = 1.198_258_4e-6;
     let x = x.clamp(-CLAMP, CLAMP);
     let x2 = x * x;
-    let mut p = A13.mul_add(x2, A11);
-    p = p.mul_add(x2, A9);
-    p = p.mul_add(x2, A7);
-    p = p.mul_add(x2, A5);
-    p = p.mul_add(x2, A3);
-    p = p.mul_add(x2, A1);
+    let mut p = A13 * x2 + A11;
+    p = p * x2 + A9;
+    p = p * x2 + A7;
+    p = p * x2 + A5;
+    p = p * x2 + A3;
+    p = p * x2 + A1;
     let p = p * x;
-    let mut q = B6.mul_add(x2, B4);
-    q = q.mul_add(x2, B2);
-    q = q.mul_add(x2, B0);
+    let mut q = B6 * x2 + B4;
+    q = q * x2 + B2;
+    q = q * x2 + B0;
     p / q
 }
 
