@@ -9,9 +9,13 @@
 //!   crate.
 //!
 //! `x @ W` (soft embeddings) dequantizes weight rows in their natural layout (16 output
-//! columns per pair of vectors) and accumulates 6x16 register tiles over the reduction axis:
-//! split into fixed chunks whose partial sums are added in order for `m <= 8`, walked in
-//! order by column-panel tasks otherwise.
+//! columns per pair of vectors) and accumulates them over the reduction axis: for `m <= 48`
+//! the axis is split into fixed chunks of whole rows (contiguous reads) whose partial sums are
+//! added in chunk order (fma rows into every x row up to 8 rows, 6x16 register tiles beyond);
+//! for more rows, column-panel tasks walk the whole axis in order with register tiles.
+//!
+//! `gather_matmul_t` groups the pairs by expert; each expert is one task that runs the
+//! strategy its pair count calls for.
 //!
 //! Work is split into fixed panels independent of the thread count, and each output element
 //! is reduced by one task in a fixed order, so results do not depend on the pool size. They
@@ -37,11 +41,12 @@ const FUSED_ROWS_PER_TASK: usize = 64;
 /// Rows of `W` dequantized per panel in the GEMM path of `x @ W^T`.
 const PANEL_ROWS: usize = 64;
 /// Up to this many activation rows, `x @ W` splits the reduction axis (see `matmul`).
-const XW_SPLIT_MAX_M: usize = 8;
-/// Weight rows dequantized per step of the split `x @ W` path.
-const XW_SUB_ROWS: usize = 16;
-/// Output columns per task of `x @ W` (a multiple of every group size).
-const PANEL_COLS: usize = 256;
+const XW_SPLIT_MAX_M: usize = 48;
+/// Weight rows dequantized per step of the split `x @ W` path with register tiles.
+const XW_STEP: usize = 32;
+/// Output columns per block of `x @ W`: a block's dequantized weights stay in L1/L2 (a
+/// multiple of every group size).
+const XW_BLOCK_COLS: usize = 256;
 /// Rows of `W` (the reduction axis) dequantized per step of `x @ W`.
 const PANEL_DEPTH: usize = 256;
 
@@ -128,9 +133,9 @@ fn matmul_t_fused(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: b
 }
 
 /// Rows of `W` per task in the tiled path.
-const TILED_TASK_ROWS: usize = 48;
-/// Reduction chunk of the tiled path (a multiple of every group size): a 6-row weight strip
-/// and the matching activation chunk stay in L1.
+const TILED_TASK_ROWS: usize = 24;
+/// Reduction chunk of the tiled path: a 6-row strip of the dequantized rows and the matching
+/// activation chunk stay in L1.
 const TILED_KC: usize = 256;
 
 /// Dequantizes columns `c0..c1` (group-aligned) of row `r` of `w` into `out`.
@@ -159,22 +164,48 @@ fn pack_xt(x: &[f32], m: usize, k: usize) -> (Vec<f32>, usize) {
     (xt, m8)
 }
 
-/// Tiled path: activations transposed once; each task dequantizes `TILED_KC`-wide chunks of
-/// its `W` rows and accumulates register tiles over them (kernels::tiles), each output in k
-/// order.
+/// Tiled path: activations transposed once; each task dequantizes its `TILED_TASK_ROWS`
+/// rows of `W` and accumulates register tiles over `TILED_KC`-wide chunks of them
+/// (kernels::tiles), each output in k order.
 fn matmul_t_tiled(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
     let k = w.cols;
     let (xt, m8) = pack_xt(x, m, k);
     let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
         let (r0, nr) = (panel.start(), panel.width());
-        with_buffer(nr * TILED_KC, |wbuf| {
+        // Whole rows first: they are contiguous in memory, so this streams at full bandwidth
+        // (chunk-wide pieces of strided rows would be latency-bound).
+        with_buffer(nr * k, |wbuf| {
+            dequant_rows(w, r0, r0 + nr, wbuf);
             with_buffer(nr * m8, |ct| {
-                for k0 in (0..k).step_by(TILED_KC) {
-                    let kc = TILED_KC.min(k - k0);
-                    for (j, row) in wbuf.chunks_exact_mut(kc).take(nr).enumerate() {
-                        dequant_part(w, r0 + j, k0, k0 + kc, row);
+                // While this panel computes, pull the next one toward the cache, a slice per
+                // chunk (weights streamed from DRAM otherwise stall the dequantization).
+                let next =
+                    (r0 + nr < w.rows).then(|| w.row_slice(r0 + nr, (r0 + 2 * nr).min(w.rows)));
+                let chunks = k.div_ceil(TILED_KC);
+                for (ci, k0) in (0..k).step_by(TILED_KC).enumerate() {
+                    if let Some(nx) = &next {
+                        let (len, step) = (nx.packed.len(), nx.packed.len().div_ceil(chunks));
+                        kernels::prefetch(
+                            &nx.packed[(ci * step).min(len)..((ci + 1) * step).min(len)],
+                        );
+                        if ci == 0 {
+                            kernels::prefetch(nx.scales);
+                            kernels::prefetch(nx.biases);
+                        }
                     }
-                    kernels::tiles(kc, &xt[k0 * m8..], m8, m8, wbuf, kc, nr, ct, m8, k0 > 0);
+                    let kc = TILED_KC.min(k - k0);
+                    kernels::tiles(
+                        kc,
+                        &xt[k0 * m8..],
+                        m8,
+                        m8,
+                        &wbuf[k0..],
+                        k,
+                        nr,
+                        ct,
+                        m8,
+                        k0 > 0,
+                    );
                 }
                 for i in 0..m {
                     for (j, o) in panel.row_mut(i).iter_mut().enumerate() {
@@ -232,67 +263,85 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
     }
     let cols = w.cols;
     if m <= XW_SPLIT_MAX_M {
-        // Few rows: the reduction axis is split into fixed chunks (contiguous weight rows,
-        // streamed once); each chunk's partial product is reduced in chunk order.
-        let depth = xw_chunk_rows(w.rows);
+        // Few rows: the reduction axis is split into fixed chunks of whole weight rows (read
+        // once, contiguously), and the chunks' partial products are added in chunk order.
+        // Up to 8 rows, each weight row is dequantized and accumulated into every x row with
+        // fma; beyond, XW_STEP rows at a time are dequantized and multiplied in register
+        // tiles.
+        let depth = xw_chunk_rows(w.rows, m);
         let chunks = w.rows.div_ceil(depth);
-        let partials: Vec<Vec<f32>> = (0..chunks)
-            .into_par_iter()
-            .map(|c| {
-                let (r0, r1) = (c * depth, ((c + 1) * depth).min(w.rows));
-                let mut p = vec![0.0f32; m * cols];
-                with_buffer(XW_SUB_ROWS * cols, |buf| {
-                    for (step, s0) in (r0..r1).step_by(XW_SUB_ROWS).enumerate() {
-                        let s1 = (s0 + XW_SUB_ROWS).min(r1);
-                        for (r, row) in (s0..s1).zip(buf.chunks_exact_mut(cols)) {
-                            dequant_part(w, r, 0, cols, row);
-                        }
-                        kernels::tiles_n(
-                            s1 - s0,
-                            &x[s0..],
-                            w.rows,
-                            m,
-                            buf,
-                            cols,
-                            cols,
-                            &mut p,
-                            cols,
-                            step > 0,
-                        );
+        with_buffer(chunks * m * cols, |partials| {
+            partials
+                .par_chunks_mut(m * cols)
+                .enumerate()
+                .for_each(|(c, p)| {
+                    let (r0, r1) = (c * depth, ((c + 1) * depth).min(w.rows));
+                    p.fill(0.0);
+                    if m <= FUSED_MAX_M {
+                        with_buffer(cols, |row| {
+                            for r in r0..r1 {
+                                dequant_part(w, r, 0, cols, row);
+                                for (i, pi) in p.chunks_exact_mut(cols).enumerate() {
+                                    kernels::axpy(x[i * w.rows + r], row, pi);
+                                }
+                            }
+                        });
+                    } else {
+                        with_buffer(XW_STEP * cols + cols, |buf| {
+                            let (buf, tmp) = buf.split_at_mut(XW_STEP * cols);
+                            for s0 in (r0..r1).step_by(XW_STEP) {
+                                let s1 = (s0 + XW_STEP).min(r1);
+                                xw_accumulate(
+                                    (&x[s0..], w.rows),
+                                    m,
+                                    w,
+                                    (s0, s1),
+                                    (0, cols),
+                                    p,
+                                    cols,
+                                    s0 > r0,
+                                    buf,
+                                    tmp,
+                                );
+                            }
+                        });
                     }
                 });
-                p
-            })
-            .collect();
-        out.copy_from_slice(&partials[0]);
-        for p in &partials[1..] {
-            for (o, v) in out.iter_mut().zip(p) {
-                *o += v;
+            let (first, others) = partials.split_at(m * cols);
+            out.copy_from_slice(first);
+            for p in others.chunks_exact(m * cols) {
+                for (o, v) in out.iter_mut().zip(p) {
+                    *o += v;
+                }
             }
-        }
+        });
     } else {
         // Each task owns a column range and walks the reduction axis in fixed steps of
-        // PANEL_DEPTH rows, dequantizing W[step, columns] and accumulating register tiles.
-        par_column_panels(out, m, cols, PANEL_COLS, |mut panel| {
+        // PANEL_DEPTH rows.
+        par_column_panels(out, m, cols, XW_BLOCK_COLS, |mut panel| {
             let (c0, cw) = (panel.start(), panel.width());
-            with_buffer(PANEL_DEPTH * cw, |buf| {
+            with_buffer(PANEL_DEPTH * cw + cw + m * PANEL_DEPTH, |buf| {
+                let (buf, rest) = buf.split_at_mut(PANEL_DEPTH * cw);
+                let (tmp, xp) = rest.split_at_mut(cw);
                 with_buffer(m * cw, |acc| {
-                    for (step, r0) in (0..w.rows).step_by(PANEL_DEPTH).enumerate() {
+                    for r0 in (0..w.rows).step_by(PANEL_DEPTH) {
                         let r1 = (r0 + PANEL_DEPTH).min(w.rows);
-                        for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(cw)) {
-                            dequant_part(w, r, c0, c0 + cw, row);
+                        // This step's activations, packed: rows of x are far apart (the vocab).
+                        let kc = r1 - r0;
+                        for (i, dst) in xp.chunks_exact_mut(kc).take(m).enumerate() {
+                            dst.copy_from_slice(&x[i * w.rows + r0..i * w.rows + r1]);
                         }
-                        kernels::tiles_n(
-                            r1 - r0,
-                            &x[r0..],
-                            w.rows,
+                        xw_accumulate(
+                            (xp, kc),
                             m,
-                            buf,
-                            cw,
-                            cw,
+                            w,
+                            (r0, r1),
+                            (c0, c0 + cw),
                             acc,
                             cw,
-                            step > 0,
+                            r0 > 0,
+                            buf,
+                            tmp,
                         );
                     }
                     for i in 0..m {
@@ -305,13 +354,54 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
     Ok(())
 }
 
-/// Rows of the reduction axis per chunk of the few-rows `x @ W` path: at most 64 chunks (the
-/// partial sums' memory), at least 256 rows; a function of the shape only.
-fn xw_chunk_rows(rows: usize) -> usize {
-    rows.div_ceil(64)
-        .div_ceil(XW_SUB_ROWS)
-        .max(256 / XW_SUB_ROWS)
-        * XW_SUB_ROWS
+/// `p[:, 0..c1-c0] (+)= xs @ W[r0..r1, c0..c1]`, where `xs[i*ldx + j] = x[i, r0 + j]` and `p`
+/// has row stride `ldp`. The weight block is dequantized into `buf` as 16-column strips (each
+/// strip's rows contiguous, so the register tiles stream it from L1), through the row buffer
+/// `tmp`.
+#[allow(clippy::too_many_arguments)]
+fn xw_accumulate(
+    (xs, ldx): (&[f32], usize),
+    m: usize,
+    w: &QMatrix,
+    (r0, r1): (usize, usize),
+    (c0, c1): (usize, usize),
+    p: &mut [f32],
+    ldp: usize,
+    load: bool,
+    buf: &mut [f32],
+    tmp: &mut [f32],
+) {
+    let (kc, width) = (r1 - r0, c1 - c0);
+    let tmp = &mut tmp[..width];
+    for (j, r) in (r0..r1).enumerate() {
+        dequant_part(w, r, c0, c1, tmp);
+        for (b, piece) in tmp.chunks_exact(16).enumerate() {
+            let at = b * kc * 16 + j * 16;
+            buf[at..at + 16].copy_from_slice(piece);
+        }
+    }
+    for b in 0..width / 16 {
+        kernels::tiles_n(
+            kc,
+            xs,
+            ldx,
+            m,
+            &buf[b * kc * 16..(b + 1) * kc * 16],
+            16,
+            16,
+            &mut p[b * 16..],
+            ldp,
+            load,
+        );
+    }
+}
+
+/// Rows of the reduction axis per chunk of the split `x @ W` path: at least 256, and at most
+/// 64 chunks up to 8 activation rows, 16 beyond (the partial sums' memory); a function of the
+/// shape only, never of the thread count.
+fn xw_chunk_rows(rows: usize, m: usize) -> usize {
+    let max_chunks = if m <= FUSED_MAX_M { 64 } else { 16 };
+    rows.div_ceil(max_chunks).max(256)
 }
 
 /// MoE gathered product (`mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose=True)`):
@@ -357,38 +447,47 @@ pub fn gather_matmul_t(
         .filter(|(_, ps)| !ps.is_empty())
         .map(|(e, ps)| (e, ps.as_slice()))
         .collect();
-    let results: Vec<Result<Vec<f32>, QuantError>> = work
-        .par_iter()
-        .map(|&(e, ps)| {
+    // Results in expert order, in a reused buffer (one slice per expert), then scattered.
+    with_buffer(pairs.len() * n, |sorted| {
+        let mut slots = Vec::with_capacity(work.len());
+        let mut rest = &mut sorted[..];
+        for &(e, ps) in &work {
+            let (mine, tail) = rest.split_at_mut(ps.len() * n);
+            slots.push((e, ps, mine));
+            rest = tail;
+        }
+        slots.into_par_iter().try_for_each(|(e, ps, res)| {
             let w = experts.expert(e)?;
             let m = ps.len();
-            let mut xs = vec![0.0f32; m * k];
-            for (dst, &p) in xs.chunks_exact_mut(k.max(1)).zip(ps) {
-                let r = pairs[p].0;
-                dst.copy_from_slice(&x[r * k..(r + 1) * k]);
-            }
-            let mut res = vec![0.0f32; m * n];
             if k == 0 {
-                return Ok(res);
+                res.fill(0.0);
+                return Ok(());
             }
-            // One expert is one task: its panels run sequentially on this thread.
-            if m <= FUSED_MAX_M {
-                matmul_t_fused(&xs, m, &w, &mut res, false);
-            } else if m <= TILED_MAX_M {
-                matmul_t_tiled(&xs, m, &w, &mut res, false);
-            } else {
-                matmul_t_panels(&xs, m, &w, &mut res, false);
+            with_buffer(m * k, |xs| {
+                for (dst, &p) in xs.chunks_exact_mut(k).zip(ps) {
+                    let r = pairs[p].0;
+                    dst.copy_from_slice(&x[r * k..(r + 1) * k]);
+                }
+                // One expert is one task: its panels run sequentially on this thread.
+                if m <= FUSED_MAX_M {
+                    matmul_t_fused(xs, m, &w, res, false);
+                } else if m <= TILED_MAX_M {
+                    matmul_t_tiled(xs, m, &w, res, false);
+                } else {
+                    matmul_t_panels(xs, m, &w, res, false);
+                }
+            });
+            Ok::<(), QuantError>(())
+        })?;
+        let mut at = 0;
+        for &(_, ps) in &work {
+            for &p in ps {
+                out[p * n..(p + 1) * n].copy_from_slice(&sorted[at..at + n]);
+                at += n;
             }
-            Ok(res)
-        })
-        .collect();
-    for (&(_, ps), res) in work.iter().zip(results) {
-        let res = res?;
-        for (&p, row) in ps.iter().zip(res.chunks_exact(n)) {
-            out[p * n..(p + 1) * n].copy_from_slice(row);
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Plain f32 GEMM via the `gemm` crate: `out [m, n] = a [m, k] @ B`, where `B` is `b [k, n]`,

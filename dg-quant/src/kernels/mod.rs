@@ -183,3 +183,22 @@ pub fn tiles_n(
     }
     scalar::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load)
 }
+
+/// `out[j] = fma(a, v[j], out[j])` (bit-identical on every path).
+#[inline]
+pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return x86_64::axpy(a, v, out);
+    }
+    scalar::axpy(a, v, out)
+}
+
+/// Prefetch hint for data needed soon (no-op off x86-64).
+#[inline]
+pub fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    x86_64::prefetch(data);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}

@@ -153,3 +153,10 @@ pub fn tiles_n(
         }
     }
 }
+
+/// `out[j] = fma(a, v[j], out[j])`.
+pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(v) {
+        *o = a.mul_add(*v, *o);
+    }
+}

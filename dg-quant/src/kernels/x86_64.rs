@@ -17,14 +17,32 @@ pub fn available() -> bool {
 
 /// Horizontal sum of 8 lanes in a fixed order: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
 #[inline]
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps::<1>(v);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
-    _mm_cvtss_f32(s)
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps::<1>(v);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// Asks the cache hierarchy to start loading `data` (one prefetch per 64-byte line); a hint
+/// with no effect on results.
+pub fn prefetch<T>(data: &[T]) {
+    let bytes = std::mem::size_of_val(data);
+    let p = data.as_ptr() as *const i8;
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: `off < bytes`, so the address lies inside `data`; a prefetch never faults and
+        // changes no architectural state (SSE is part of the x86-64 baseline).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -61,6 +79,7 @@ pub fn dequant_row(
     unsafe { dequant_row_avx2(words, scales, biases, bits, group_size, out) }
 }
 
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dequant_row_avx2(
     words: &[u32],
@@ -70,46 +89,51 @@ unsafe fn dequant_row_avx2(
     group_size: usize,
     out: &mut [f32],
 ) {
-    let wp = words.as_ptr();
-    let op = out.as_mut_ptr();
-    let wpg = group_size * bits as usize / 32;
-    for gi in 0..out.len() / group_size {
-        let s = _mm256_set1_ps(scales[gi].to_f32());
-        let b = _mm256_set1_ps(biases[gi].to_f32());
-        // SAFETY: group gi covers words [gi*wpg, (gi+1)*wpg) and outputs
-        // [gi*group_size, (gi+1)*group_size), inside the lengths the caller checked.
-        unsafe {
-            let gw = wp.add(gi * wpg);
-            let go = op.add(gi * group_size);
-            match bits {
-                4 => {
-                    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-                    let mask = _mm256_set1_epi32(0xF);
-                    for j in 0..wpg {
-                        let v = _mm256_set1_epi32(*gw.add(j) as i32);
-                        let q = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask);
-                        let w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), b);
-                        _mm256_storeu_ps(go.add(8 * j), w);
-                    }
-                }
-                8 => {
-                    for j in 0..wpg / 2 {
-                        let bytes = _mm_loadl_epi64(gw.add(2 * j) as *const __m128i);
-                        let q = _mm256_cvtepu8_epi32(bytes);
-                        let w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), b);
-                        _mm256_storeu_ps(go.add(8 * j), w);
-                    }
-                }
-                _ => {
-                    let lo_shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-                    let hi_shifts = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
-                    let mask = _mm256_set1_epi32(0x3);
-                    for j in 0..wpg {
-                        let v = _mm256_set1_epi32(*gw.add(j) as i32);
-                        for (half, shifts) in [lo_shifts, hi_shifts].into_iter().enumerate() {
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let wp = words.as_ptr();
+        let op = out.as_mut_ptr();
+        let wpg = group_size * bits as usize / 32;
+        for gi in 0..out.len() / group_size {
+            let s = _mm256_set1_ps(scales[gi].to_f32());
+            let b = _mm256_set1_ps(biases[gi].to_f32());
+            // SAFETY: group gi covers words [gi*wpg, (gi+1)*wpg) and outputs
+            // [gi*group_size, (gi+1)*group_size), inside the lengths the caller checked.
+            unsafe {
+                let gw = wp.add(gi * wpg);
+                let go = op.add(gi * group_size);
+                match bits {
+                    4 => {
+                        let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+                        let mask = _mm256_set1_epi32(0xF);
+                        for j in 0..wpg {
+                            let v = _mm256_set1_epi32(*gw.add(j) as i32);
                             let q = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask);
                             let w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), b);
-                            _mm256_storeu_ps(go.add(16 * j + 8 * half), w);
+                            _mm256_storeu_ps(go.add(8 * j), w);
+                        }
+                    }
+                    8 => {
+                        for j in 0..wpg / 2 {
+                            let bytes = _mm_loadl_epi64(gw.add(2 * j) as *const __m128i);
+                            let q = _mm256_cvtepu8_epi32(bytes);
+                            let w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), b);
+                            _mm256_storeu_ps(go.add(8 * j), w);
+                        }
+                    }
+                    _ => {
+                        let lo_shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+                        let hi_shifts = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+                        let mask = _mm256_set1_epi32(0x3);
+                        for j in 0..wpg {
+                            let v = _mm256_set1_epi32(*gw.add(j) as i32);
+                            for (half, shifts) in [lo_shifts, hi_shifts].into_iter().enumerate() {
+                                let q = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask);
+                                let w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), s), b);
+                                _mm256_storeu_ps(go.add(16 * j + 8 * half), w);
+                            }
                         }
                     }
                 }
@@ -238,6 +262,7 @@ pub fn dot_rows2(
 }
 
 /// `dot4_avx2` for two x rows (two FMA chains each).
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot4x2_avx2(
     xa: &[f32],
@@ -246,58 +271,65 @@ unsafe fn dot4x2_avx2(
     scales: &[bf16],
     group_size: usize,
 ) -> (f32, f32) {
-    let cols = xa.len();
-    let (pa, pb) = (xa.as_ptr(), xb.as_ptr());
-    let wp = words.as_ptr() as *const u8;
-    let low = _mm256_set1_epi8(0x0F);
-    let m0 = _mm256_setr_epi8(
-        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1,
-        6, -1, -1, -1, 7, -1, -1, -1,
-    );
-    let m1 = _mm256_setr_epi8(
-        8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1,
-        -1, 14, -1, -1, -1, 15, -1, -1, -1,
-    );
-    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
-        let (mut a0, mut a1, mut b0, mut b1) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let cols = xa.len();
+        let (pa, pb) = (xa.as_ptr(), xb.as_ptr());
+        let wp = words.as_ptr() as *const u8;
+        let low = _mm256_set1_epi8(0x0F);
+        let m0 = _mm256_setr_epi8(
+            0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1,
+            -1, 6, -1, -1, -1, 7, -1, -1, -1,
         );
-        let mut k = gi * group_size;
-        while k < (gi + 1) * group_size {
-            // SAFETY: k + 32 <= cols: x vectors of both rows and the row's 16 bytes at k/2
-            // are in bounds.
-            unsafe {
-                let v =
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(wp.add(k / 2) as *const __m128i));
-                let lo = _mm256_and_si256(v, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), q, a0);
-                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k)), q, b0);
-                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1));
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), q, a1);
-                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 8)), q, b1);
-                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 16)), q, a0);
-                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 16)), q, b0);
-                let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1));
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 24)), q, a1);
-                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 24)), q, b1);
+        let m1 = _mm256_setr_epi8(
+            8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1,
+            -1, -1, 14, -1, -1, -1, 15, -1, -1, -1,
+        );
+        let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+            let (mut a0, mut a1, mut b0, mut b1) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            let mut k = gi * group_size;
+            while k < (gi + 1) * group_size {
+                // SAFETY: k + 32 <= cols: x vectors of both rows and the row's 16 bytes at k/2
+                // are in bounds.
+                unsafe {
+                    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        wp.add(k / 2) as *const __m128i
+                    ));
+                    let lo = _mm256_and_si256(v, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0));
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), q, a0);
+                    b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k)), q, b0);
+                    let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1));
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), q, a1);
+                    b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 8)), q, b1);
+                    let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0));
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 16)), q, a0);
+                    b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 16)), q, b0);
+                    let q = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1));
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 24)), q, a1);
+                    b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 24)), q, b1);
+                }
+                k += 32;
             }
-            k += 32;
+            let s = _mm256_set1_ps(bf16_f32(*scale));
+            acc_a = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc_a);
+            acc_b = _mm256_fmadd_ps(s, _mm256_add_ps(b0, b1), acc_b);
         }
-        let s = _mm256_set1_ps(bf16_f32(*scale));
-        acc_a = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc_a);
-        acc_b = _mm256_fmadd_ps(s, _mm256_add_ps(b0, b1), acc_b);
+        (hsum(acc_a), hsum(acc_b))
     }
-    (hsum(acc_a), hsum(acc_b))
 }
 
 /// `dot8_avx2` for two x rows (two FMA chains each).
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot8x2_avx2(
     xa: &[f32],
@@ -306,40 +338,45 @@ unsafe fn dot8x2_avx2(
     scales: &[bf16],
     group_size: usize,
 ) -> (f32, f32) {
-    let cols = xa.len();
-    let (pa, pb) = (xa.as_ptr(), xb.as_ptr());
-    let wp = words.as_ptr() as *const u8;
-    let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
-        let (mut a0, mut a1, mut b0, mut b1) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-        );
-        let mut k = gi * group_size;
-        while k < (gi + 1) * group_size {
-            // SAFETY: k + 16 <= cols: x vectors of both rows and bytes k..k+16 of the row
-            // are in bounds.
-            unsafe {
-                let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    wp.add(k) as *const __m128i
-                )));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), q, a0);
-                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k)), q, b0);
-                let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    wp.add(k + 8) as *const __m128i
-                )));
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), q, a1);
-                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 8)), q, b1);
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let cols = xa.len();
+        let (pa, pb) = (xa.as_ptr(), xb.as_ptr());
+        let wp = words.as_ptr() as *const u8;
+        let (mut acc_a, mut acc_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+            let (mut a0, mut a1, mut b0, mut b1) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            let mut k = gi * group_size;
+            while k < (gi + 1) * group_size {
+                // SAFETY: k + 16 <= cols: x vectors of both rows and bytes k..k+16 of the row
+                // are in bounds.
+                unsafe {
+                    let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        wp.add(k) as *const __m128i
+                    )));
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), q, a0);
+                    b0 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k)), q, b0);
+                    let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        wp.add(k + 8) as *const __m128i,
+                    )));
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k + 8)), q, a1);
+                    b1 = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(k + 8)), q, b1);
+                }
+                k += 16;
             }
-            k += 16;
+            let s = _mm256_set1_ps(bf16_f32(*scale));
+            acc_a = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc_a);
+            acc_b = _mm256_fmadd_ps(s, _mm256_add_ps(b0, b1), acc_b);
         }
-        let s = _mm256_set1_ps(bf16_f32(*scale));
-        acc_a = _mm256_fmadd_ps(s, _mm256_add_ps(a0, a1), acc_a);
-        acc_b = _mm256_fmadd_ps(s, _mm256_add_ps(b0, b1), acc_b);
+        (hsum(acc_a), hsum(acc_b))
     }
-    (hsum(acc_a), hsum(acc_b))
 }
 
 /// bf16 -> f32 is exact: the bf16 bits are the f32's high half.
@@ -349,123 +386,191 @@ fn bf16_f32(v: bf16) -> f32 {
 }
 
 /// `sum_g b_g xsum_g`, 8 lanes then a fixed-order reduction, then the tail in order.
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn bias_dot_avx2(biases: &[bf16], xsum: &[f32]) -> f32 {
-    let n = xsum.len().min(biases.len());
-    let mut acc = _mm256_setzero_ps();
-    let mut g = 0;
-    while g + 8 <= n {
-        // SAFETY: g + 8 <= n elements of both slices.
-        unsafe {
-            let b16 = _mm_loadu_si128(biases.as_ptr().add(g) as *const __m128i);
-            let b = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(b16)));
-            acc = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsum.as_ptr().add(g)), acc);
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let n = xsum.len().min(biases.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut g = 0;
+        while g + 8 <= n {
+            // SAFETY: g + 8 <= n elements of both slices.
+            unsafe {
+                let b16 = _mm_loadu_si128(biases.as_ptr().add(g) as *const __m128i);
+                let b = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(b16)));
+                acc = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsum.as_ptr().add(g)), acc);
+            }
+            g += 8;
         }
-        g += 8;
+        let mut s = hsum(acc);
+        for k in g..n {
+            s = bf16_f32(biases[k]).mul_add(xsum[k], s);
+        }
+        s
     }
-    let mut s = hsum(acc);
-    for k in g..n {
-        s = bf16_f32(biases[k]).mul_add(xsum[k], s);
-    }
-    s
 }
 
 /// `sum_g s_g (x_g . q_g)` for one 4-bit row, x in `permute_x_4bit` order. Four independent
 /// FMA chains per group keep both FMA pipes busy; rows overlap out of order.
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot4_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize) -> f32 {
-    let cols = x.len();
-    let xp = x.as_ptr();
-    let wp = words.as_ptr() as *const u8;
-    let low = _mm256_set1_epi8(0x0F);
-    // Byte k of the 16 broadcast bytes into dword lane k (low lane: bytes 0-3, high: 4-7).
-    let m0 = _mm256_setr_epi8(
-        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1,
-        6, -1, -1, -1, 7, -1, -1, -1,
-    );
-    let m1 = _mm256_setr_epi8(
-        8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1, -1,
-        -1, 14, -1, -1, -1, 15, -1, -1, -1,
-    );
-    let mut acc = _mm256_setzero_ps();
-    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let cols = x.len();
+        let xp = x.as_ptr();
+        let wp = words.as_ptr() as *const u8;
+        let low = _mm256_set1_epi8(0x0F);
+        // Byte k of the 16 broadcast bytes into dword lane k (low lane: bytes 0-3, high: 4-7).
+        let m0 = _mm256_setr_epi8(
+            0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1, 5, -1, -1,
+            -1, 6, -1, -1, -1, 7, -1, -1, -1,
         );
-        let mut k = gi * group_size;
-        while k < (gi + 1) * group_size {
-            // SAFETY: k + 32 <= cols: four x vectors and the 16 bytes of elements k..k+32
-            // (byte offset k/2 of the row) are in bounds.
-            unsafe {
-                let v =
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(wp.add(k / 2) as *const __m128i));
-                let lo = _mm256_and_si256(v, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                a0 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(xp.add(k)),
-                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0)),
-                    a0,
-                );
-                a1 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(xp.add(k + 8)),
-                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1)),
-                    a1,
-                );
-                a2 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(xp.add(k + 16)),
-                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0)),
-                    a2,
-                );
-                a3 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(xp.add(k + 24)),
-                    _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1)),
-                    a3,
-                );
+        let m1 = _mm256_setr_epi8(
+            8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1, -1, 13, -1,
+            -1, -1, 14, -1, -1, -1, 15, -1, -1, -1,
+        );
+        let mut acc = _mm256_setzero_ps();
+        for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            let mut k = gi * group_size;
+            while k < (gi + 1) * group_size {
+                // SAFETY: k + 32 <= cols: four x vectors and the 16 bytes of elements k..k+32
+                // (byte offset k/2 of the row) are in bounds.
+                unsafe {
+                    let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        wp.add(k / 2) as *const __m128i
+                    ));
+                    let lo = _mm256_and_si256(v, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    a0 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(k)),
+                        _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m0)),
+                        a0,
+                    );
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(k + 8)),
+                        _mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, m1)),
+                        a1,
+                    );
+                    a2 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(k + 16)),
+                        _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m0)),
+                        a2,
+                    );
+                    a3 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(k + 24)),
+                        _mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, m1)),
+                        a3,
+                    );
+                }
+                k += 32;
             }
-            k += 32;
+            let dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(*scale)), dot, acc);
         }
-        let dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(*scale)), dot, acc);
+        hsum(acc)
     }
-    hsum(acc)
 }
 
 /// `sum_g s_g (x_g . q_g)` for one 8-bit row.
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot8_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize) -> f32 {
-    let cols = x.len();
-    let xp = x.as_ptr();
-    let wp = words.as_ptr() as *const u8;
-    let mut acc = _mm256_setzero_ps();
-    for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-        );
-        let mut k = gi * group_size;
-        while k < (gi + 1) * group_size {
-            // SAFETY: k + 32 <= cols: four x vectors and bytes k..k+32 of the row are in bounds.
-            unsafe {
-                let q0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k) as *const __m128i));
-                let q1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k + 8) as *const __m128i));
-                let q2 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k + 16) as *const __m128i));
-                let q3 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k + 24) as *const __m128i));
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k)), _mm256_cvtepi32_ps(q0), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 8)), _mm256_cvtepi32_ps(q1), a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 16)), _mm256_cvtepi32_ps(q2), a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 24)), _mm256_cvtepi32_ps(q3), a3);
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let cols = x.len();
+        let xp = x.as_ptr();
+        let wp = words.as_ptr() as *const u8;
+        let mut acc = _mm256_setzero_ps();
+        for (gi, scale) in scales[..cols / group_size].iter().enumerate() {
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            let mut k = gi * group_size;
+            while k < (gi + 1) * group_size {
+                // SAFETY: k + 32 <= cols: four x vectors and bytes k..k+32 of the row are in bounds.
+                unsafe {
+                    let q0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k) as *const __m128i));
+                    let q1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k + 8) as *const __m128i));
+                    let q2 =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k + 16) as *const __m128i));
+                    let q3 =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(wp.add(k + 24) as *const __m128i));
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k)), _mm256_cvtepi32_ps(q0), a0);
+                    a1 =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(k + 8)), _mm256_cvtepi32_ps(q1), a1);
+                    a2 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(k + 16)),
+                        _mm256_cvtepi32_ps(q2),
+                        a2,
+                    );
+                    a3 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(k + 24)),
+                        _mm256_cvtepi32_ps(q3),
+                        a3,
+                    );
+                }
+                k += 32;
             }
-            k += 32;
+            let dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(*scale)), dot, acc);
         }
-        let dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(bf16_f32(*scale)), dot, acc);
+        hsum(acc)
     }
-    hsum(acc)
+}
+
+// ---------------------------------------------------------------------------------------------
+// out[j] = fma(a, v[j], out[j]), bit-identical to scalar::axpy.
+
+/// `out[j] = fma(a, v[j], out[j])` for `j < out.len()` (`v` at least as long).
+pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
+    assert!(
+        available() && v.len() >= out.len(),
+        "x86_64::axpy: unsupported"
+    );
+    // SAFETY: AVX2/FMA detected; the body touches out.len() elements of both slices.
+    unsafe { axpy_avx2(a, v, out) }
+}
+
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(a: f32, v: &[f32], out: &mut [f32]) {
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
+    unsafe {
+        let n = out.len();
+        let av = _mm256_set1_ps(a);
+        let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
+        let mut j = 0;
+        while j + 8 <= n {
+            // SAFETY: j + 8 <= n <= v.len().
+            unsafe {
+                let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(vp.add(j)), _mm256_loadu_ps(op.add(j)));
+                _mm256_storeu_ps(op.add(j), r);
+            }
+            j += 8;
+        }
+        for k in j..n {
+            out[k] = a.mul_add(v[k], out[k]);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -474,8 +579,9 @@ unsafe fn dot8_avx2(x: &[f32], words: &[u32], scales: &[bf16], group_size: usize
 // Each output lane accumulates its whole reduction in k order with fma, bit-identical to
 // scalar::tiles.
 
-/// Rows of W per register tile (2 x 6 accumulators + 2 x vectors + 1 broadcast = 15 of the
-/// 16 ymm registers).
+/// Weight rows per register tile: 2 x 6 accumulators + 2 x vectors + 1 broadcast = 15 of the
+/// 16 ymm registers (measured: a 3 x 4 tile for 24 activation rows spills and runs slower
+/// than 2 x 6 + 1 x 6).
 pub const TILE_ROWS: usize = 6;
 
 /// `ct[j*ldc + i] = (load ? ct[j*ldc + i] : 0) + sum_{k < kc} xt[k*ldx + i] * w[j*ldw + k]`
@@ -529,20 +635,15 @@ pub fn tiles(
                     w.as_ptr().add(j * ldw),
                     ct.as_mut_ptr().add(j * ldc + 8 * v),
                 );
-                match (mv, n) {
-                    (2, 6) => tile_avx2::<2, 6>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (2, 5) => tile_avx2::<2, 5>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (2, 4) => tile_avx2::<2, 4>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (2, 3) => tile_avx2::<2, 3>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (2, 2) => tile_avx2::<2, 2>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (2, _) => tile_avx2::<2, 1>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (_, 6) => tile_avx2::<1, 6>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (_, 5) => tile_avx2::<1, 5>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (_, 4) => tile_avx2::<1, 4>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (_, 3) => tile_avx2::<1, 3>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    (_, 2) => tile_avx2::<1, 2>(kc, xp, ldx, wp, ldw, cp, ldc, load),
-                    _ => tile_avx2::<1, 1>(kc, xp, ldx, wp, ldw, cp, ldc, load),
+                macro_rules! tile {
+                    ($($mv:literal, $nr:literal);*) => {
+                        match (mv, n) {
+                            $(($mv, $nr) => tile_avx2::<$mv, $nr>(kc, xp, ldx, wp, ldw, cp, ldc, load),)*
+                            _ => unreachable!("tile shape ({mv}, {n})"),
+                        }
+                    };
                 }
+                tile!(1, 1; 1, 2; 1, 3; 1, 4; 1, 5; 1, 6; 2, 1; 2, 2; 2, 3; 2, 4; 2, 5; 2, 6);
             }
             v += mv;
         }
@@ -557,6 +658,7 @@ pub fn tiles(
 /// `w[r*ldw + k]` (r < NR, k < kc), `ct` for reads/writes of `ct[r*ldc .. + 8*MV]` (r < NR).
 #[allow(clippy::too_many_arguments)]
 #[inline]
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const MV: usize, const NR: usize>(
     kc: usize,
@@ -568,31 +670,36 @@ unsafe fn tile_avx2<const MV: usize, const NR: usize>(
     ldc: usize,
     load: bool,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); MV]; NR];
-    // SAFETY: every access is inside the ranges of the contract above.
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
     unsafe {
-        if load {
-            for (r, a) in acc.iter_mut().enumerate() {
-                for (v, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_loadu_ps(ct.add(r * ldc + 8 * v));
+        let mut acc = [[_mm256_setzero_ps(); MV]; NR];
+        // SAFETY: every access is inside the ranges of the contract above.
+        unsafe {
+            if load {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    for (v, a) in a.iter_mut().enumerate() {
+                        *a = _mm256_loadu_ps(ct.add(r * ldc + 8 * v));
+                    }
                 }
             }
-        }
-        for k in 0..kc {
-            let mut xv = [_mm256_setzero_ps(); MV];
-            for (v, xv) in xv.iter_mut().enumerate() {
-                *xv = _mm256_loadu_ps(xt.add(k * ldx + 8 * v));
-            }
-            for (r, a) in acc.iter_mut().enumerate() {
-                let wb = _mm256_broadcast_ss(&*w.add(r * ldw + k));
-                for (v, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(xv[v], wb, *a);
+            for k in 0..kc {
+                let mut xv = [_mm256_setzero_ps(); MV];
+                for (v, xv) in xv.iter_mut().enumerate() {
+                    *xv = _mm256_loadu_ps(xt.add(k * ldx + 8 * v));
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let wb = _mm256_broadcast_ss(&*w.add(r * ldw + k));
+                    for (v, a) in a.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(xv[v], wb, *a);
+                    }
                 }
             }
-        }
-        for (r, a) in acc.iter().enumerate() {
-            for (v, a) in a.iter().enumerate() {
-                _mm256_storeu_ps(ct.add(r * ldc + 8 * v), *a);
+            for (r, a) in acc.iter().enumerate() {
+                for (v, a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(ct.add(r * ldc + 8 * v), *a);
+                }
             }
         }
     }
@@ -682,6 +789,7 @@ pub fn tiles_n(
 /// `w[k*ldw .. + 16]` (k < kc), `p` for reads/writes of `p[r*ldp .. + 16]` (r < MR).
 #[allow(clippy::too_many_arguments)]
 #[inline]
+#[allow(unused_unsafe)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_n_avx2<const MR: usize>(
     kc: usize,
@@ -693,27 +801,32 @@ unsafe fn tile_n_avx2<const MR: usize>(
     ldp: usize,
     load: bool,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    // SAFETY: every access is inside the ranges of the contract above.
+    // SAFETY: the caller upholds this function's contract (features present, pointers
+    // and slices in bounds); the block only lets intrinsics be called on toolchains
+    // before Rust 1.87, where they are `unsafe` even inside `#[target_feature]` code.
     unsafe {
-        if load {
-            for (r, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm256_loadu_ps(p.add(r * ldp));
-                a[1] = _mm256_loadu_ps(p.add(r * ldp + 8));
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        // SAFETY: every access is inside the ranges of the contract above.
+        unsafe {
+            if load {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    a[0] = _mm256_loadu_ps(p.add(r * ldp));
+                    a[1] = _mm256_loadu_ps(p.add(r * ldp + 8));
+                }
             }
-        }
-        for k in 0..kc {
-            let w0 = _mm256_loadu_ps(w.add(k * ldw));
-            let w1 = _mm256_loadu_ps(w.add(k * ldw + 8));
-            for (r, a) in acc.iter_mut().enumerate() {
-                let xb = _mm256_broadcast_ss(&*x.add(r * ldx + k));
-                a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
-                a[1] = _mm256_fmadd_ps(xb, w1, a[1]);
+            for k in 0..kc {
+                let w0 = _mm256_loadu_ps(w.add(k * ldw));
+                let w1 = _mm256_loadu_ps(w.add(k * ldw + 8));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xb = _mm256_broadcast_ss(&*x.add(r * ldx + k));
+                    a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
+                    a[1] = _mm256_fmadd_ps(xb, w1, a[1]);
+                }
             }
-        }
-        for (r, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(p.add(r * ldp), a[0]);
-            _mm256_storeu_ps(p.add(r * ldp + 8), a[1]);
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(p.add(r * ldp), a[0]);
+                _mm256_storeu_ps(p.add(r * ldp + 8), a[1]);
+            }
         }
     }
 }
@@ -841,6 +954,9 @@ mod tests {
             (64, 24, 13),
             (33, 40, 5),
             (128, 8, 7),
+            (5, 8, 25),
+            (9, 24, 3),
+            (17, 32, 14),
         ] {
             let (ldx, ldw, ldc) = (m8 + 8, kc + 3, m8 + 16);
             let xt: Vec<f32> = (0..kc * ldx).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -878,6 +994,22 @@ mod tests {
                 scalar::tiles_n(kc, &x, ldx, m, &w, ldw, ncols, &mut b, ldp, load);
                 assert_eq!(a, b, "kc {kc} m {m} ncols {ncols} load {load}");
             }
+        }
+    }
+
+    #[test]
+    fn axpy_matches_scalar_bit_for_bit() {
+        if !available() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for n in [0usize, 1, 7, 8, 9, 31, 100] {
+            let v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let base: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (mut a, mut b) = (base.clone(), base);
+            axpy(0.37, &v, &mut a);
+            scalar::axpy(0.37, &v, &mut b);
+            assert_eq!(a, b, "n = {n}");
         }
     }
 }
