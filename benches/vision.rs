@@ -1,17 +1,20 @@
-//! The real tower's geometry (hidden 1152, 16 heads of 72, intermediate 4304, 10240 positions)
-//! with random bf16 weights and only 2 of its 27 layers: checks that nothing in the code
-//! assumes the tiny fixture's sizes, and times one image. Ignored by default (writes ~90 MB);
-//! run with `cargo test -p dg-vision --test real_geometry -- --ignored --nocapture`.
+//! The vision tower at the real geometry (hidden 1152, 16 heads of 72, intermediate 4304, 10240
+//! positions, random bf16 weights in the sidecar layout) on one 1920x1080 image at the real
+//! soft-token budget (280): preprocessing, and the tower + embedder with one of its 27 layers
+//! (multiply the per-layer part by 27 for the whole tower).
+//!
+//! `cargo bench --bench vision`
 
 use std::collections::HashMap;
-use std::time::Instant;
 
+use criterion::{criterion_group, criterion_main, Criterion};
 use dg_vision::{ImageProcessor, VisionModel};
 use half::bf16;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
-const LAYERS: usize = 2;
+/// One of the real 27 layers: each iteration stays a few seconds; scale per layer.
+const LAYERS: usize = 1;
 
 fn rand_bf16(n: usize, scale: f32, seed: &mut u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(n * 2);
@@ -26,9 +29,7 @@ fn rand_bf16(n: usize, scale: f32, seed: &mut u64) -> Vec<u8> {
     out
 }
 
-#[test]
-#[ignore]
-fn real_width_tower_runs_and_is_timed() {
+fn write_real_geometry_tower() -> tempfile::TempDir {
     let (h, inter, heads, hd, pos) = (1152usize, 4304usize, 16usize, 72usize, 10240usize);
     let mut seed = 0x1234_5678_9abc_def0u64;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -119,33 +120,28 @@ fn real_width_tower_runs_and_is_timed() {
     });
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
 
+    dir
+}
+
+fn benches(c: &mut Criterion) {
+    let dir = write_real_geometry_tower();
     let model = VisionModel::load(dir.path()).unwrap();
-    // A 1920 x 1080 photo-sized gradient.
     let (w, hh) = (1920usize, 1080usize);
     let rgb: Vec<u8> = (0..w * hh * 3)
         .map(|i| ((i / 3) % w * 255 / w) as u8)
         .collect();
-    let t0 = Instant::now();
-    let img = ImageProcessor::default().prepare_rgb(w, hh, &rgb).unwrap();
-    let t1 = Instant::now();
-    let f = model.encode(&img).unwrap();
-    let t2 = Instant::now();
-    assert_eq!(f.tokens, img.soft_tokens);
-    assert_eq!(f.hidden, 2816);
-    assert!(f.data.iter().all(|v| v.is_finite()));
-    let per_layer = (t2 - t1).as_secs_f64() / LAYERS as f64;
-    eprintln!(
-        "{}x{} -> {}x{}: {} patches, {} soft tokens; preprocess {:.3} s, tower+embedder {:.2} s \
-         ({:.2} s per layer, ~{:.0} s for 27 layers)",
-        w,
-        hh,
-        img.width,
-        img.height,
-        (img.width / 16) * (img.height / 16),
-        img.soft_tokens,
-        (t1 - t0).as_secs_f64(),
-        (t2 - t1).as_secs_f64(),
-        per_layer,
-        per_layer * 27.0
-    );
+    let processor = ImageProcessor::default();
+    let img = processor.prepare_rgb(w, hh, &rgb).unwrap();
+    let mut group = c.benchmark_group("vision");
+    group.sample_size(10);
+    group.bench_function("preprocess_1920x1080", |b| {
+        b.iter(|| processor.prepare_rgb(w, hh, &rgb).unwrap())
+    });
+    group.bench_function("tower_1_layer_and_embedder_280_tokens", |b| {
+        b.iter(|| model.encode(&img).unwrap())
+    });
+    group.finish();
 }
+
+criterion_group!(vision, benches);
+criterion_main!(vision);
