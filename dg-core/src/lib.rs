@@ -14,6 +14,6 @@ pub use checkpoint::Checkpoint;
 pub use config::ModelConfig;
 pub use error::CoreError;
 pub use model::cache::KvCache;
-pub use model::{SelfConditioning, TextModel};
+pub use model::{DecoderInput, EncoderInput, SelfConditioning, TextModel};
 #[cfg(feature = "synthetic")]
 pub mod synthetic;

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{argmax_rows, max_abs, max_abs_diff, relative_rms, Goldens};
+use common::{argmax_rows, assert_close, max_abs, max_abs_diff, relative_rms, Goldens};
 use dg_core::{SelfConditioning, TextModel};
 
 const LOGIT_BOUND: f32 = 1e-3;
@@ -24,27 +24,8 @@ fn load(name: &str) -> TextModel {
     TextModel::load(&common::fixtures().join("models").join(name)).expect("fixture loads")
 }
 
-fn assert_close(what: &str, ours: &[f32], golden: &[f32], bound: f32) {
-    let diff = max_abs_diff(ours, golden);
-    let scale = max_abs(golden).max(1e-6);
-    // Shown with --nocapture: the measured margin to the bound.
-    println!(
-        "{what}: max |diff| {diff:.2e}, {:.2e} of max |ref|",
-        diff / scale
-    );
-    assert!(
-        diff <= bound * scale,
-        "{what}: max |diff| {diff:e} exceeds {bound:e} x max |ref| {scale:e}"
-    );
-}
-
 fn assert_logits(what: &str, ours: &[f32], golden: &[f32], vocab: usize) {
-    assert_close(what, ours, golden, LOGIT_BOUND);
-    assert_eq!(
-        argmax_rows(ours, vocab),
-        argmax_rows(golden, vocab),
-        "{what}: argmax differs"
-    );
+    common::assert_logits(what, ours, golden, vocab, LOGIT_BOUND);
 }
 
 /// Compares our cache (trimmed to what later queries can see) with the reference's, whose

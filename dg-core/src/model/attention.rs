@@ -5,17 +5,21 @@
 //! norms with weights, a scale-free v norm, and on full-attention layers no `v_proj`: values are
 //! the raw `k_proj` output (before k-norm and RoPE) through the v norm.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use dg_quant::ops;
 
+use super::batch::Segments;
 use super::cache::LayerCache;
 use super::linear::Linear;
 use super::rope::Rope;
 use crate::config::LayerType;
 use crate::error::CoreError;
 
-/// Who may attend to whom in one attention call.
+/// Who may attend to whom within one sequence of an attention call.
 #[derive(Clone, Copy, Debug)]
 pub enum AttentionMask<'a> {
     /// Encoder pass: causal, limited to `window` positions (self included) on sliding layers;
@@ -46,39 +50,56 @@ pub struct Attention {
     pub rope: Rope,
 }
 
-/// Projected, normed and rotated queries/keys/values of one pass, per head.
+/// Projected, normed and rotated queries/keys/values of one pass, per head, all sequences
+/// packed (`[heads][rows * head_dim]`; sequence `i` owns rows `segments.span(i)`).
 struct Projected {
-    /// `[heads][len * head_dim]`
     queries: Vec<Vec<f32>>,
-    /// `[kv_heads][len * head_dim]`
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
 }
 
+/// What one sequence attends over: per key/value head, its keys and values
+/// `[n_keys, head_dim]`, the absolute positions of the first key and first query, its mask.
+struct KeyView<'a> {
+    keys: Vec<Cow<'a, [f32]>>,
+    values: Vec<Cow<'a, [f32]>>,
+    first_key: usize,
+    first_query: usize,
+    mask: AttentionMask<'a>,
+}
+
 impl Attention {
+    /// Projects every row; row `t` of sequence `i` is rotated for position `first[i] + t`.
     fn project(
         &self,
         x: &[f32],
-        len: usize,
-        first_position: usize,
+        segments: &Segments,
+        first: &[usize],
     ) -> Result<Projected, CoreError> {
         let hd = self.head_dim;
-        let q = self.q_proj.forward(x, len)?;
-        let k = self.k_proj.forward(x, len)?;
+        let rows = segments.rows();
+        let q = self.q_proj.forward(x, rows)?;
+        let k = self.k_proj.forward(x, rows)?;
         let v = match &self.v_proj {
-            Some(v_proj) => v_proj.forward(x, len)?,
+            Some(v_proj) => v_proj.forward(x, rows)?,
             None => k.clone(),
         };
+        // Absolute position of every packed row.
+        let positions: Vec<usize> = segments
+            .spans()
+            .zip(first)
+            .flat_map(|(span, &f)| (0..span.len()).map(move |t| f + t))
+            .collect();
         let split =
             |flat: &[f32], heads: usize, norm: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
                 (0..heads)
                     .map(|h| {
-                        let mut out = vec![0.0f32; len * hd];
+                        let mut out = vec![0.0f32; rows * hd];
                         for (t, o) in out.chunks_exact_mut(hd).enumerate() {
                             let src = &flat[(t * heads + h) * hd..(t * heads + h + 1) * hd];
                             ops::rms_norm_row(src, norm, self.eps, o);
                             if rope {
-                                self.rope.apply(o, first_position + t);
+                                self.rope.apply(o, positions[t]);
                             }
                         }
                         out
@@ -92,121 +113,171 @@ impl Attention {
         })
     }
 
-    /// Encoder pass over `len` new positions starting at `cache.positions().end`: appends their
-    /// keys/values to the cache and attends causally over everything kept.
+    /// Encoder pass: sequence `i` of `segments` continues `caches[i]` (its rows follow
+    /// `caches[i].positions().end`), appends its keys/values there and attends over everything
+    /// kept under `masks[i]`.
     pub fn forward_encoder(
         &self,
         x: &[f32],
-        len: usize,
-        cache: &mut LayerCache,
-        mask: AttentionMask<'_>,
+        segments: &Segments,
+        caches: &mut [&mut LayerCache],
+        masks: &[AttentionMask<'_>],
     ) -> Result<Vec<f32>, CoreError> {
-        let first = cache.positions().end;
-        let p = self.project(x, len, first)?;
-        cache.append(&p.keys, &p.values);
-        let key_start = cache.start;
-        let keys: Vec<&[f32]> = cache.keys.iter().map(Vec::as_slice).collect();
-        let values: Vec<&[f32]> = cache.values.iter().map(Vec::as_slice).collect();
-        let out = self.attend(&p.queries, len, first, &keys, &values, key_start, mask)?;
-        cache.trim();
-        self.o_proj.forward(&out, len)
+        let hd = self.head_dim;
+        let first: Vec<usize> = caches.iter().map(|c| c.positions().end).collect();
+        let p = self.project(x, segments, &first)?;
+        for (span, cache) in segments.spans().zip(caches.iter_mut()) {
+            let rows = span.start * hd..span.end * hd;
+            cache.append(
+                p.keys.iter().map(|k| &k[rows.clone()]),
+                p.values.iter().map(|v| &v[rows.clone()]),
+            );
+        }
+        let views = caches
+            .iter()
+            .zip(&first)
+            .zip(masks)
+            .map(|((cache, &first_query), &mask)| KeyView {
+                keys: cache
+                    .keys
+                    .iter()
+                    .map(|k| Cow::Borrowed(k.as_slice()))
+                    .collect(),
+                values: cache
+                    .values
+                    .iter()
+                    .map(|v| Cow::Borrowed(v.as_slice()))
+                    .collect(),
+                first_key: cache.start,
+                first_query,
+                mask,
+            })
+            .collect::<Vec<_>>();
+        let out = self.attend(&p, segments, &views)?;
+        drop(views);
+        for cache in caches.iter_mut() {
+            cache.trim();
+        }
+        self.o_proj.forward(&out, segments.rows())
     }
 
-    /// Decoder pass over a canvas of `len` positions placed after the prompt: attends to the
-    /// kept prompt positions (`visible` of the cache) and bidirectionally to the canvas.
+    /// Decoder pass: sequence `i` of `segments` is a canvas placed after `caches[i]`; it
+    /// attends to the cache's positions `visible[i]` and bidirectionally to itself. Caches
+    /// are not modified.
     pub fn forward_decoder(
         &self,
         x: &[f32],
-        len: usize,
-        cache: &LayerCache,
-        visible: std::ops::Range<usize>,
+        segments: &Segments,
+        caches: &[&LayerCache],
+        visible: &[Range<usize>],
     ) -> Result<Vec<f32>, CoreError> {
-        let offset = cache.positions().end;
-        let p = self.project(x, len, offset)?;
         let hd = self.head_dim;
-        let from = (visible.start - cache.start) * hd;
-        let to = (visible.end - cache.start) * hd;
-        let join = |cached: &[Vec<f32>], fresh: &[Vec<f32>]| -> Vec<Vec<f32>> {
-            cached
-                .iter()
-                .zip(fresh)
-                .map(|(c, f)| [&c[from..to], f.as_slice()].concat())
-                .collect()
-        };
-        let keys = join(&cache.keys, &p.keys);
-        let values = join(&cache.values, &p.values);
-        let keys: Vec<&[f32]> = keys.iter().map(Vec::as_slice).collect();
-        let values: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
-        let out = self.attend(
-            &p.queries,
-            len,
-            offset,
-            &keys,
-            &values,
-            visible.start,
-            AttentionMask::Full,
-        )?;
-        self.o_proj.forward(&out, len)
+        let first: Vec<usize> = caches.iter().map(|c| c.positions().end).collect();
+        let p = self.project(x, segments, &first)?;
+        let views = segments
+            .spans()
+            .zip(caches)
+            .zip(visible)
+            .zip(&first)
+            .map(|(((span, cache), visible), &first_query)| {
+                let kept = (visible.start - cache.start) * hd..(visible.end - cache.start) * hd;
+                let rows = span.start * hd..span.end * hd;
+                let join = |cached: &[Vec<f32>], fresh: &[Vec<f32>]| -> Vec<Cow<'_, [f32]>> {
+                    cached
+                        .iter()
+                        .zip(fresh)
+                        .map(|(c, f)| Cow::Owned([&c[kept.clone()], &f[rows.clone()]].concat()))
+                        .collect()
+                };
+                KeyView {
+                    keys: join(&cache.keys, &p.keys),
+                    values: join(&cache.values, &p.values),
+                    first_key: visible.start,
+                    first_query,
+                    mask: AttentionMask::Full,
+                }
+            })
+            .collect::<Vec<_>>();
+        let out = self.attend(&p, segments, &views)?;
+        self.o_proj.forward(&out, segments.rows())
     }
 
-    /// Scaled-dot-product attention (scale 1.0) of every query head over its key/value head.
-    /// Returns `[len, heads * head_dim]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Scaled-dot-product attention (scale 1.0) of every sequence's query heads over its own
+    /// keys (`views[i]`), one task per (sequence, head). Returns `[rows, heads * head_dim]`.
     fn attend(
         &self,
-        queries: &[Vec<f32>],
-        len: usize,
-        first_query: usize,
-        keys: &[&[f32]],
-        values: &[&[f32]],
-        first_key: usize,
-        mask: AttentionMask<'_>,
+        p: &Projected,
+        segments: &Segments,
+        views: &[KeyView<'_>],
     ) -> Result<Vec<f32>, CoreError> {
         let hd = self.head_dim;
         let group = self.heads / self.kv_heads;
-        let per_head: Vec<Vec<f32>> = queries
+        let tasks: Vec<(usize, usize)> = (0..segments.len())
+            .flat_map(|s| (0..self.heads).map(move |h| (s, h)))
+            .collect();
+        let per_task: Vec<Vec<f32>> = tasks
             .par_iter()
-            .enumerate()
-            .map(|(h, q)| {
-                let k = keys[h / group];
-                let v = values[h / group];
-                let n_keys = k.len() / hd;
-                let mut scores = vec![0.0f32; len * n_keys];
-                dg_quant::matmul_f32(q, k, len, hd, n_keys, true, &mut scores)?;
-                for (i, row) in scores.chunks_exact_mut(n_keys).enumerate() {
-                    if let AttentionMask::Causal { window, blocks } = mask {
-                        let qp = first_query + i;
-                        for (j, s) in row.iter_mut().enumerate() {
-                            let kp = first_key + j;
-                            let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
-                            let same_block = blocks.is_some_and(|b| {
-                                let (bq, bk) =
-                                    (qp.wrapping_sub(first_query), kp.wrapping_sub(first_query));
-                                bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
-                            });
-                            if !(causal || same_block) {
-                                *s = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    ops::softmax_inplace(row);
-                }
-                let mut out = vec![0.0f32; len * hd];
-                dg_quant::matmul_f32(&scores, v, len, n_keys, hd, false, &mut out)?;
-                Ok(out)
+            .map(|&(s, h)| {
+                let span = segments.span(s);
+                let view = &views[s];
+                let q = &p.queries[h][span.start * hd..span.end * hd];
+                attend_head(
+                    q,
+                    span.len(),
+                    &view.keys[h / group],
+                    &view.values[h / group],
+                    hd,
+                    view,
+                )
             })
             .collect::<Result<_, dg_quant::QuantError>>()
             .map_err(|source| CoreError::Quant {
                 name: self.o_proj.name().replace("o_proj", "attention"),
                 source,
             })?;
-        let mut out = vec![0.0f32; len * self.heads * hd];
-        for (h, head) in per_head.iter().enumerate() {
-            for t in 0..len {
-                out[(t * self.heads + h) * hd..(t * self.heads + h + 1) * hd]
-                    .copy_from_slice(&head[t * hd..(t + 1) * hd]);
+        let mut out = vec![0.0f32; segments.rows() * self.heads * hd];
+        for (&(s, h), head) in tasks.iter().zip(&per_task) {
+            for (t, row) in segments.span(s).zip(head.chunks_exact(hd)) {
+                out[(t * self.heads + h) * hd..(t * self.heads + h + 1) * hd].copy_from_slice(row);
             }
         }
         Ok(out)
     }
+}
+
+/// One query head of one sequence over its key/value head: `softmax(mask(q k^T)) v`.
+fn attend_head(
+    q: &[f32],
+    len: usize,
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    view: &KeyView<'_>,
+) -> Result<Vec<f32>, dg_quant::QuantError> {
+    let n_keys = k.len() / hd;
+    let mut scores = vec![0.0f32; len * n_keys];
+    dg_quant::matmul_f32(q, k, len, hd, n_keys, true, &mut scores)?;
+    for (i, row) in scores.chunks_exact_mut(n_keys).enumerate() {
+        if let AttentionMask::Causal { window, blocks } = view.mask {
+            let qp = view.first_query + i;
+            for (j, s) in row.iter_mut().enumerate() {
+                let kp = view.first_key + j;
+                let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
+                let same_block = blocks.is_some_and(|b| {
+                    let (bq, bk) = (
+                        qp.wrapping_sub(view.first_query),
+                        kp.wrapping_sub(view.first_query),
+                    );
+                    bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
+                });
+                if !(causal || same_block) {
+                    *s = f32::NEG_INFINITY;
+                }
+            }
+        }
+        ops::softmax_inplace(row);
+    }
+    let mut out = vec![0.0f32; len * hd];
+    dg_quant::matmul_f32(&scores, v, len, n_keys, hd, false, &mut out)?;
+    Ok(out)
 }

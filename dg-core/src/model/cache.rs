@@ -59,7 +59,12 @@ impl LayerCache {
         self.keys.len()
     }
 
-    pub(crate) fn append(&mut self, keys: &[Vec<f32>], values: &[Vec<f32>]) {
+    /// Appends new positions, per key/value head.
+    pub(crate) fn append<'a>(
+        &mut self,
+        keys: impl Iterator<Item = &'a [f32]>,
+        values: impl Iterator<Item = &'a [f32]>,
+    ) {
         for (dst, src) in self.keys.iter_mut().zip(keys) {
             dst.extend_from_slice(src);
         }

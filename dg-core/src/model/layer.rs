@@ -5,6 +5,7 @@
 use dg_quant::ops;
 
 use super::attention::{Attention, AttentionMask};
+use super::batch::Segments;
 use super::cache::LayerCache;
 use super::mlp::Mlp;
 use super::moe::{Experts, Router};
@@ -29,17 +30,17 @@ pub struct Layer {
     pub eps: f32,
 }
 
-/// Which pass a layer runs in.
-pub enum Pass<'a> {
-    /// Encoder: causal attention, appends to the layer's cache.
+/// Which pass a layer runs in, for every sequence of a packed batch (one cache each).
+pub enum Pass<'a, 'm> {
+    /// Encoder: causal attention under each sequence's mask, appends to its cache.
     Encoder {
-        cache: &'a mut LayerCache,
-        mask: AttentionMask<'a>,
+        caches: &'a mut [&'m mut LayerCache],
+        masks: &'a [AttentionMask<'m>],
     },
-    /// Decoder: the canvas over the kept prompt positions `visible`.
+    /// Decoder: each canvas over its cache's kept prompt positions `visible`.
     Decoder {
-        cache: &'a LayerCache,
-        visible: std::ops::Range<usize>,
+        caches: &'a [&'m LayerCache],
+        visible: &'a [std::ops::Range<usize>],
     },
 }
 
@@ -50,16 +51,25 @@ impl Layer {
         out
     }
 
-    /// Runs the layer over `rows` rows of hidden states `x`, in place.
-    pub fn forward(&self, x: &mut [f32], rows: usize, pass: Pass<'_>) -> Result<(), CoreError> {
+    /// Runs the layer over the packed hidden states `x` of the sequences in `segments`, in
+    /// place. Everything but attention is row-wise.
+    pub fn forward(
+        &self,
+        x: &mut [f32],
+        segments: &Segments,
+        pass: Pass<'_, '_>,
+    ) -> Result<(), CoreError> {
+        let rows = segments.rows();
         let h = self.norm(x, &self.input_layernorm);
         let (attn, scalar) = match pass {
-            Pass::Encoder { cache, mask } => (
-                self.attention.forward_encoder(&h, rows, cache, mask)?,
+            Pass::Encoder { caches, masks } => (
+                self.attention
+                    .forward_encoder(&h, segments, caches, masks)?,
                 self.encoder_scalar,
             ),
-            Pass::Decoder { cache, visible } => (
-                self.attention.forward_decoder(&h, rows, cache, visible)?,
+            Pass::Decoder { caches, visible } => (
+                self.attention
+                    .forward_decoder(&h, segments, caches, visible)?,
                 self.decoder_scalar,
             ),
         };

@@ -3,6 +3,7 @@
 //! cache bidirectionally and returns vocabulary logits through the tied, soft-capped head.
 
 pub mod attention;
+pub mod batch;
 pub mod cache;
 pub mod layer;
 pub mod linear;
@@ -18,6 +19,7 @@ use dg_quant::ops;
 use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
 use attention::AttentionMask;
+use batch::Segments;
 use cache::{KvCache, LayerCache};
 use layer::{Layer, Pass};
 use linear::Linear;
@@ -35,6 +37,28 @@ pub enum SelfConditioning<'a> {
     Logits(&'a [f32]),
     /// Soft embeddings `[canvas, hidden]` already computed (what the engine passes).
     Embeddings(&'a [f32]),
+}
+
+/// One sequence of a batched encoder pass ([`TextModel::encode_batch`]).
+#[derive(Debug)]
+pub struct EncoderInput<'a> {
+    /// The sequence's cache; the pass continues it.
+    pub cache: &'a mut KvCache,
+    /// Input embeddings `[len, hidden]` (see [`TextModel::embed_prompt`]).
+    pub embeddings: Vec<f32>,
+    /// One image block id per position, `-1` for text (used in a first prefill only).
+    pub image_blocks: Option<&'a [i32]>,
+}
+
+/// One canvas of a batched decoder pass ([`TextModel::decode_batch`]).
+#[derive(Clone, Copy, Debug)]
+pub struct DecoderInput<'a> {
+    /// The prompt (and committed blocks) the canvas follows.
+    pub cache: &'a KvCache,
+    /// Canvas token ids.
+    pub canvas: &'a [u32],
+    /// The self-conditioning input of this step.
+    pub self_conditioning: SelfConditioning<'a>,
 }
 
 /// The loaded text model.
@@ -131,63 +155,105 @@ impl TextModel {
     pub fn encode_embeddings(
         &self,
         cache: &mut KvCache,
-        mut h: Vec<f32>,
+        h: Vec<f32>,
         image_blocks: Option<&[i32]>,
         mut observe: impl FnMut(usize, &[f32]),
     ) -> Result<Vec<f32>, CoreError> {
+        let mut inputs = [EncoderInput {
+            cache,
+            embeddings: h,
+            image_blocks,
+        }];
+        let mut out = self.encode_batch(&mut inputs, |layer, h, _| observe(layer, h))?;
+        Ok(out.pop().expect("one output per input"))
+    }
+
+    /// Encoder pass over several sequences at once, each appended to its own cache (see
+    /// [`batch`]). Returns each sequence's final-normed hidden states `[len, hidden]`.
+    /// `observe` sees each layer's packed output. Every input is checked before any cache
+    /// changes.
+    pub fn encode_batch(
+        &self,
+        inputs: &mut [EncoderInput<'_>],
+        mut observe: impl FnMut(usize, &[f32], &Segments),
+    ) -> Result<Vec<Vec<f32>>, CoreError> {
         let hidden = self.hidden_size();
-        if h.is_empty() || h.len() % hidden != 0 {
-            return Err(CoreError::InvalidInput(format!(
-                "encoder input of {} values is not a non-empty multiple of hidden size {hidden}",
-                h.len()
-            )));
-        }
-        let len = h.len() / hidden;
-        if cache.layers.len() != self.layers.len()
-            || cache
-                .layers
-                .first()
-                .is_some_and(|c| c.positions().end != cache.offset)
-        {
-            return Err(CoreError::InvalidInput(
-                "the cache does not belong to this model".into(),
-            ));
-        }
-        if let Some(b) = image_blocks {
-            if b.len() != len {
+        for (i, input) in inputs.iter().enumerate() {
+            let n = input.embeddings.len();
+            if n == 0 || n % hidden != 0 {
                 return Err(CoreError::InvalidInput(format!(
-                    "{} image block ids for {len} positions",
-                    b.len()
+                    "encoder input {i}: {n} values is not a non-empty multiple of hidden size {hidden}"
                 )));
             }
+            self.check_cache(input.cache, i)?;
+            if let Some(b) = input.image_blocks {
+                if b.len() != n / hidden {
+                    return Err(CoreError::InvalidInput(format!(
+                        "encoder input {i}: {} image block ids for {} positions",
+                        b.len(),
+                        n / hidden
+                    )));
+                }
+            }
         }
+        let segments = Segments::from_lengths(inputs.iter().map(|i| i.embeddings.len() / hidden));
+        let mut h: Vec<f32> = inputs
+            .iter_mut()
+            .flat_map(|i| std::mem::take(&mut i.embeddings))
+            .collect();
         // Image blocks only exist in the first prefill; continuation passes ignore them, as
         // the reference does.
-        let blocks = image_blocks.filter(|_| cache.offset == 0);
+        let blocks: Vec<Option<&[i32]>> = inputs
+            .iter()
+            .map(|i| i.image_blocks.filter(|_| i.cache.offset == 0))
+            .collect();
         let window = self.config.text.sliding_window;
-        for (i, (layer, lt)) in self.layers.iter().zip(&self.layer_types).enumerate() {
-            let mask = AttentionMask::Causal {
-                window: (*lt == LayerType::SlidingAttention).then_some(window),
-                blocks,
-            };
+        for (l, (layer, lt)) in self.layers.iter().zip(&self.layer_types).enumerate() {
+            let window = (*lt == LayerType::SlidingAttention).then_some(window);
+            // One mask per sequence, always (also when every sequence has the same length).
+            let masks: Vec<AttentionMask<'_>> = blocks
+                .iter()
+                .map(|&blocks| AttentionMask::Causal { window, blocks })
+                .collect();
+            let mut caches: Vec<&mut LayerCache> =
+                inputs.iter_mut().map(|i| &mut i.cache.layers[l]).collect();
             layer.forward(
                 &mut h,
-                len,
+                &segments,
                 Pass::Encoder {
-                    cache: &mut cache.layers[i],
-                    mask,
+                    caches: &mut caches,
+                    masks: &masks,
                 },
             )?;
-            observe(i, &h);
+            observe(l, &h, &segments);
         }
-        cache.offset += len;
+        for (input, span) in inputs.iter_mut().zip(segments.spans()) {
+            input.cache.offset += span.len();
+        }
         ops::rms_norm_rows_inplace(
             &mut h,
             hidden,
             Some(&self.norm),
             self.config.text.rms_norm_eps,
         );
-        Ok(h)
+        Ok(segments
+            .spans()
+            .map(|span| h[span.start * hidden..span.end * hidden].to_vec())
+            .collect())
+    }
+
+    fn check_cache(&self, cache: &KvCache, input: usize) -> Result<(), CoreError> {
+        if cache.layers.len() != self.layers.len()
+            || cache
+                .layers
+                .first()
+                .is_some_and(|c| c.positions().end != cache.offset)
+        {
+            return Err(CoreError::InvalidInput(format!(
+                "input {input}: the cache does not belong to this model"
+            )));
+        }
+        Ok(())
     }
 
     /// Decoder pass: the canvas `ids` placed after everything in `cache`, with optional
@@ -198,8 +264,24 @@ impl TextModel {
         canvas: &[u32],
         self_conditioning: SelfConditioning<'_>,
     ) -> Result<Vec<f32>, CoreError> {
-        let hidden = self.decode_hidden(cache, canvas, self_conditioning)?;
-        self.logits(&hidden, canvas.len())
+        let mut out = self.decode_batch(&[DecoderInput {
+            cache,
+            canvas,
+            self_conditioning,
+        }])?;
+        Ok(out.pop().expect("one output per input"))
+    }
+
+    /// Decoder passes of several canvases at once (see [`batch`]), each over its own cache.
+    /// Returns each canvas's soft-capped logits `[canvas, vocab]`.
+    pub fn decode_batch(&self, inputs: &[DecoderInput<'_>]) -> Result<Vec<Vec<f32>>, CoreError> {
+        let (hidden, segments) = self.decode_hidden_batch(inputs)?;
+        let logits = self.logits(&hidden, segments.rows())?;
+        let vocab = self.vocab_size();
+        Ok(segments
+            .spans()
+            .map(|span| logits[span.start * vocab..span.end * vocab].to_vec())
+            .collect())
     }
 
     /// The decoder's final-normed hidden states `[canvas, hidden]`.
@@ -209,55 +291,70 @@ impl TextModel {
         canvas: &[u32],
         self_conditioning: SelfConditioning<'_>,
     ) -> Result<Vec<f32>, CoreError> {
-        if canvas.is_empty() {
-            return Err(CoreError::InvalidInput("empty canvas".into()));
-        }
-        if cache.layers.len() != self.layers.len() {
-            return Err(CoreError::InvalidInput(
-                "the cache does not belong to this model".into(),
-            ));
-        }
-        let len = canvas.len();
+        let (hidden, _) = self.decode_hidden_batch(&[DecoderInput {
+            cache,
+            canvas,
+            self_conditioning,
+        }])?;
+        Ok(hidden)
+    }
+
+    /// The decoder's final-normed hidden states of several canvases, packed `[rows, hidden]`,
+    /// with each canvas's rows.
+    pub fn decode_hidden_batch(
+        &self,
+        inputs: &[DecoderInput<'_>],
+    ) -> Result<(Vec<f32>, Segments), CoreError> {
         let hidden_size = self.hidden_size();
-        let embeds = self.embed(canvas)?;
-        let soft = match self_conditioning {
-            SelfConditioning::None => None,
-            SelfConditioning::Embeddings(e) => {
-                if e.len() != len * hidden_size {
-                    return Err(CoreError::InvalidInput(format!(
-                        "self-conditioning embeddings have {} values, expected {len} x {hidden_size}",
-                        e.len()
-                    )));
-                }
-                Some(e.to_vec())
+        let vocab = self.vocab_size();
+        if inputs.is_empty() {
+            return Err(CoreError::InvalidInput("no canvas to decode".into()));
+        }
+        for (i, input) in inputs.iter().enumerate() {
+            let len = input.canvas.len();
+            if len == 0 {
+                return Err(CoreError::InvalidInput(format!("canvas {i} is empty")));
             }
-            SelfConditioning::Logits(logits) => {
-                if logits.len() != len * self.vocab_size() {
-                    return Err(CoreError::InvalidInput(format!(
-                        "self-conditioning logits have {} values, expected {len} x {}",
-                        logits.len(),
-                        self.vocab_size()
-                    )));
-                }
-                let mut probs = logits.to_vec();
-                for row in probs.chunks_exact_mut(self.vocab_size()) {
-                    ops::softmax_inplace(row);
-                }
-                Some(self.soft_embeddings(&probs, len)?)
+            self.check_cache(input.cache, i)?;
+            let (what, got, width) = match input.self_conditioning {
+                SelfConditioning::None => continue,
+                SelfConditioning::Embeddings(e) => ("embeddings", e.len(), hidden_size),
+                SelfConditioning::Logits(l) => ("logits", l.len(), vocab),
+            };
+            if got != len * width {
+                return Err(CoreError::InvalidInput(format!(
+                    "canvas {i}: self-conditioning {what} have {got} values, expected {len} x {width}"
+                )));
             }
-        };
+        }
+        let segments = Segments::from_lengths(inputs.iter().map(|i| i.canvas.len()));
+        let ids: Vec<u32> = inputs.iter().flat_map(|i| i.canvas).copied().collect();
+        let embeds = self.embed(&ids)?;
+        let soft = self.batch_soft_embeddings(inputs, &segments)?;
         let mut h = self
             .self_conditioning
-            .forward(&embeds, soft.as_deref(), len)?;
-        let offset = cache.offset;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let c = &cache.layers[i];
+            .forward(&embeds, soft.as_deref(), segments.rows())?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let caches: Vec<&LayerCache> = inputs.iter().map(|i| &i.cache.layers[l]).collect();
             // Sliding layers see only the last `sliding_window - 1` prompt positions.
-            let visible = match c.keep {
-                Some(keep) => offset.saturating_sub(keep).max(c.start)..offset,
-                None => c.start..offset,
-            };
-            layer.forward(&mut h, len, Pass::Decoder { cache: c, visible })?;
+            let visible: Vec<std::ops::Range<usize>> = caches
+                .iter()
+                .map(|c| {
+                    let offset = c.positions().end;
+                    match c.keep {
+                        Some(keep) => offset.saturating_sub(keep).max(c.start)..offset,
+                        None => c.start..offset,
+                    }
+                })
+                .collect();
+            layer.forward(
+                &mut h,
+                &segments,
+                Pass::Decoder {
+                    caches: &caches,
+                    visible: &visible,
+                },
+            )?;
         }
         ops::rms_norm_rows_inplace(
             &mut h,
@@ -265,7 +362,58 @@ impl TextModel {
             Some(&self.norm),
             self.config.text.rms_norm_eps,
         );
-        Ok(h)
+        Ok((h, segments))
+    }
+
+    /// The packed self-conditioning signal of a decoder batch: `None` when no canvas has one;
+    /// else zeros for canvases without (exactly what an absent signal contributes, see
+    /// `self_conditioning.rs`), the given embeddings, or the soft embeddings of softmaxed
+    /// logits (all such canvases in one product).
+    fn batch_soft_embeddings(
+        &self,
+        inputs: &[DecoderInput<'_>],
+        segments: &Segments,
+    ) -> Result<Option<Vec<f32>>, CoreError> {
+        if inputs
+            .iter()
+            .all(|i| matches!(i.self_conditioning, SelfConditioning::None))
+        {
+            return Ok(None);
+        }
+        let hidden = self.hidden_size();
+        let vocab = self.vocab_size();
+        let mut probs = Vec::new();
+        for input in inputs {
+            if let SelfConditioning::Logits(logits) = input.self_conditioning {
+                let start = probs.len();
+                probs.extend_from_slice(logits);
+                for row in probs[start..].chunks_exact_mut(vocab) {
+                    ops::softmax_inplace(row);
+                }
+            }
+        }
+        let from_logits = if probs.is_empty() {
+            Vec::new()
+        } else {
+            self.soft_embeddings(&probs, probs.len() / vocab)?
+        };
+        let mut next_from_logits = from_logits.chunks(hidden);
+        let mut soft = vec![0.0f32; segments.rows() * hidden];
+        for (input, span) in inputs.iter().zip(segments.spans()) {
+            let dst = &mut soft[span.start * hidden..span.end * hidden];
+            match input.self_conditioning {
+                SelfConditioning::None => {}
+                SelfConditioning::Embeddings(e) => dst.copy_from_slice(e),
+                SelfConditioning::Logits(_) => {
+                    for row in dst.chunks_exact_mut(hidden) {
+                        row.copy_from_slice(
+                            next_from_logits.next().expect("one row per logit row"),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(Some(soft))
     }
 
     /// Tied head and soft cap: `tanh((h @ embed^T) / cap) * cap` in f32.

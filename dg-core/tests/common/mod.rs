@@ -1,4 +1,6 @@
 //! Golden files written by tools/reference (see its README for how to regenerate them).
+//! (Each test binary uses a different subset of these helpers.)
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -99,4 +101,28 @@ pub fn relative_rms(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den).sqrt()
+}
+
+/// Asserts max |ours - golden| <= bound x max |golden|, printing the margin (`--nocapture`).
+pub fn assert_close(what: &str, ours: &[f32], golden: &[f32], bound: f32) {
+    let diff = max_abs_diff(ours, golden);
+    let scale = max_abs(golden).max(1e-6);
+    println!(
+        "{what}: max |diff| {diff:.2e}, {:.2e} of max |ref|",
+        diff / scale
+    );
+    assert!(
+        diff <= bound * scale,
+        "{what}: max |diff| {diff:e} exceeds {bound:e} x max |ref| {scale:e}"
+    );
+}
+
+/// `assert_close` on logits `[rows, vocab]`, and the same argmax in every row.
+pub fn assert_logits(what: &str, ours: &[f32], golden: &[f32], vocab: usize, bound: f32) {
+    assert_close(what, ours, golden, bound);
+    assert_eq!(
+        argmax_rows(ours, vocab),
+        argmax_rows(golden, vocab),
+        "{what}: argmax differs"
+    );
 }
