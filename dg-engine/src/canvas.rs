@@ -1,11 +1,9 @@
 //! One block's denoising loop, step for step as the reference runs it (see the walk-through at
 //! the top of [`crate::sampler`]): random canvas, decoder pass, tempered logits, argmax,
-//! candidate canvas, accept mask, re-noise, self-conditioning for the next step.
+//! candidate canvas, accept mask, re-noise, self-conditioning for the next step. The decoder
+//! passes themselves are run by the driver (`batch.rs`), for many blocks at once.
 
-use std::ops::ControlFlow;
-
-use dg_core::{KvCache, SelfConditioning, TextModel};
-use rayon::ThreadPool;
+use dg_core::SelfConditioning;
 
 use crate::error::Result;
 use crate::rng::Rng;
@@ -30,59 +28,39 @@ pub(crate) struct BlockParams {
     pub stop: Option<(usize, f64)>,
 }
 
-/// The state of the canvas after one denoising step, for streaming.
-#[derive(Clone, Debug)]
-pub(crate) struct StepView<'a> {
-    /// 1-based step number.
-    pub step: usize,
-    pub canvas: &'a [i32],
-    pub revealed: &'a [bool],
-}
-
 /// A finished block: the emitted tokens (argmax of the last logits) and the steps it took.
 pub(crate) struct BlockResult {
     pub tokens: Vec<u32>,
     pub steps: usize,
 }
 
-/// The model with the thread pool its numeric work runs on. Only model calls enter the pool,
-/// so callbacks of the generation loop need not be `Send`.
-#[derive(Clone, Copy)]
-pub(crate) struct Compute<'a> {
-    pub model: &'a TextModel,
-    pub pool: &'a ThreadPool,
+/// What one denoising step leaves to its driver.
+pub(crate) enum Step {
+    /// The last step of the budget: the block ends without a draft.
+    Last(BlockResult),
+    /// A draft to show ([`BlockState::draft`], [`BlockState::revealed`]), then the block ends
+    /// (every position revealed, or the stable-and-confident stop).
+    Stopped(BlockResult),
+    /// A draft to show; the block goes on once it has the soft embeddings of these
+    /// probabilities `[len, vocab]` ([`BlockState::set_self_conditioning`]).
+    Continue(Vec<f32>),
 }
 
-impl Compute<'_> {
-    pub fn encode(&self, cache: &mut KvCache, ids: &[u32]) -> Result<()> {
-        self.pool
-            .install(|| self.model.encode(cache, ids, |_, _| {}))?;
-        Ok(())
-    }
-
-    pub fn prefill(
-        &self,
-        cache: &mut KvCache,
-        prompt: &crate::prompt::PreparedPrompt,
-    ) -> Result<()> {
-        self.pool
-            .install(|| crate::prompt::prefill(self.model, cache, prompt))
-    }
-
-    pub fn decode(
-        &self,
-        cache: &KvCache,
-        canvas: &[u32],
-        sc: SelfConditioning<'_>,
-    ) -> Result<Vec<f32>> {
-        Ok(self.pool.install(|| self.model.decode(cache, canvas, sc))?)
-    }
-
-    pub fn soft_embeddings(&self, probs: &[f32], rows: usize) -> Result<Vec<f32>> {
-        Ok(self
-            .pool
-            .install(|| self.model.soft_embeddings(probs, rows))?)
-    }
+/// One block's denoising loop as a state machine, so that the decoder passes of several
+/// sequences can share one batched forward pass: the driver asks for the decoder input, runs
+/// the model, and hands the logits back to [`BlockState::step`].
+pub(crate) struct BlockState {
+    params: BlockParams,
+    vocab: usize,
+    /// Steps left, counting down to 1 like the reference's `cur_step`.
+    cur_step: usize,
+    current: Vec<i32>,
+    revealed: Vec<bool>,
+    draft: Vec<i32>,
+    argmax: Vec<i32>,
+    self_conditioning: Option<Vec<f32>>,
+    stability: Option<StabilityStop>,
+    steps_taken: usize,
 }
 
 fn to_ids(canvas: &[i32]) -> Vec<u32> {
@@ -93,40 +71,85 @@ fn noise(rng: &mut Rng, vocab: usize, len: usize) -> Result<Vec<i32>> {
     rng.randint(0, vocab as i32, &[1, len])
 }
 
-/// Denoises one block. `on_step` sees each step's draft; `Break` cancels (returns `None`).
-pub(crate) fn denoise_block(
-    model: Compute<'_>,
-    cache: &KvCache,
-    p: &BlockParams,
-    rng: &mut Rng,
-    on_step: &mut dyn FnMut(StepView<'_>) -> ControlFlow<()>,
-) -> Result<Option<BlockResult>> {
-    let vocab = model.model.vocab_size();
-    let len = p.len;
+impl BlockState {
+    /// Starts a block on a random canvas (the block's first draw from `rng`).
+    pub fn start(params: BlockParams, vocab: usize, rng: &mut Rng) -> Result<Self> {
+        let current = noise(rng, vocab, params.len)?;
+        Ok(BlockState {
+            vocab,
+            cur_step: params.steps,
+            revealed: vec![false; params.len],
+            draft: current.clone(),
+            argmax: current.clone(),
+            current,
+            self_conditioning: None,
+            stability: params.stop.map(|(s, c)| StabilityStop::new(s, c)),
+            steps_taken: 0,
+            params,
+        })
+    }
 
-    let mut current = noise(rng, vocab, len)?;
-    let mut revealed = vec![false; len];
-    let mut draft = current.clone();
-    let mut self_conditioning: Option<Vec<f32>> = None;
-    let mut stability = p.stop.map(|(s, c)| StabilityStop::new(s, c));
-    let mut argmax = current.clone();
-    let mut steps_taken = 0;
+    /// The canvas ids of the next decoder pass.
+    pub fn canvas(&self) -> Vec<u32> {
+        to_ids(&self.current)
+    }
 
-    for cur_step in (1..=p.steps).rev() {
-        steps_taken += 1;
-        let sc = match &self_conditioning {
+    /// The self-conditioning input of the next decoder pass.
+    pub fn self_conditioning(&self) -> SelfConditioning<'_> {
+        match &self.self_conditioning {
             Some(e) => SelfConditioning::Embeddings(e),
             None => SelfConditioning::None,
-        };
-        let mut logits = model.decode(cache, &to_ids(&current), sc)?;
+        }
+    }
+
+    /// Current draft tokens (what a streamed view shows).
+    pub fn draft(&self) -> &[i32] {
+        &self.draft
+    }
+
+    /// Which positions the sampler has revealed.
+    pub fn revealed(&self) -> &[bool] {
+        &self.revealed
+    }
+
+    /// 1-based number of the step just taken.
+    pub fn step_number(&self) -> usize {
+        self.steps_taken
+    }
+
+    /// The block's parameters.
+    pub fn params(&self) -> &BlockParams {
+        &self.params
+    }
+
+    /// Sets the soft embeddings `[len, hidden]` of the probabilities the last
+    /// [`Step::Continue`] carried.
+    pub fn set_self_conditioning(&mut self, embeddings: Vec<f32>) {
+        self.self_conditioning = Some(embeddings);
+    }
+
+    fn result(&self) -> BlockResult {
+        BlockResult {
+            tokens: to_ids(&self.argmax),
+            steps: self.steps_taken,
+        }
+    }
+
+    /// Consumes the logits of one decoder pass over [`BlockState::canvas`]: tempered logits,
+    /// argmax, candidate canvas, accept mask, re-noise, stop checks.
+    pub fn step(&mut self, mut logits: Vec<f32>, rng: &mut Rng) -> Result<Step> {
+        let (p, vocab, len) = (&self.params, self.vocab, self.params.len);
+        let cur_step = self.cur_step;
+        self.steps_taken += 1;
         let t = sampler::linear_temperature(cur_step, p.steps, p.t_min, p.t_max)?;
         sampler::apply_temperature(&mut logits, t);
-        argmax = sampler::argmax_canvas(&logits, vocab)?;
+        self.argmax = sampler::argmax_canvas(&logits, vocab)?;
         if cur_step == 1 {
-            break;
+            return Ok(Step::Last(self.result()));
         }
+        self.cur_step -= 1;
         let denoiser = if p.temperature <= 0.0 {
-            argmax.clone()
+            self.argmax.clone()
         } else {
             sampler::sample_canvas(&logits, vocab, p.temperature, rng)?
         };
@@ -137,15 +160,15 @@ pub(crate) fn denoise_block(
                 let accept = sampler::entropy_transfer_mask(&entropy, len, bound)?;
                 let fresh = noise(rng, vocab, len)?;
                 let (_, next) =
-                    sampler::entropy_bound_update(&accept, &denoiser, &current, &fresh)?;
-                current = next;
-                revealed = accept;
-                draft = argmax.clone();
-                probs
+                    sampler::entropy_bound_update(&accept, &denoiser, &self.current, &fresh)?;
+                self.current = next;
+                self.revealed = accept;
+                self.draft = self.argmax.clone();
+                Some(probs)
             }
             BlockSampler::Confidence { threshold } => {
                 let confidence = sampler::token_probability(&logits, vocab, &denoiser)?;
-                let unrevealed: Vec<bool> = revealed.iter().map(|r| !r).collect();
+                let unrevealed: Vec<bool> = self.revealed.iter().map(|r| !r).collect();
                 let accept = sampler::confidence_transfer_mask(
                     &confidence,
                     &unrevealed,
@@ -158,40 +181,26 @@ pub(crate) fn denoise_block(
                     &accept,
                     &denoiser,
                     &fresh,
-                    &mut revealed,
-                    &mut draft,
+                    &mut self.revealed,
+                    &mut self.draft,
                 )?;
-                current = next;
-                Vec::new()
+                self.current = next;
+                None
             }
         };
 
-        if on_step(StepView {
-            step: p.steps - cur_step + 1,
-            canvas: &draft,
-            revealed: &revealed,
-        })
-        .is_break()
-        {
-            return Ok(None);
+        if probs.is_none() && self.revealed.iter().all(|&r| r) {
+            return Ok(Step::Stopped(self.result()));
         }
-
-        if matches!(p.sampler, BlockSampler::Confidence { .. }) && revealed.iter().all(|&r| r) {
-            break;
-        }
-        if let Some(stop) = stability.as_mut() {
-            if stop.check(&argmax, &logits, vocab)? {
-                break;
+        if let Some(stop) = self.stability.as_mut() {
+            if stop.check(&self.argmax, &logits, vocab)? {
+                return Ok(Step::Stopped(self.result()));
             }
         }
-        let probs = match p.sampler {
-            BlockSampler::Entropy { .. } => probs,
-            BlockSampler::Confidence { .. } => sampler::softmax_precise(&logits, vocab)?,
+        let probs = match probs {
+            Some(probs) => probs,
+            None => sampler::softmax_precise(&logits, vocab)?,
         };
-        self_conditioning = Some(model.soft_embeddings(&probs, len)?);
+        Ok(Step::Continue(probs))
     }
-    Ok(Some(BlockResult {
-        tokens: to_ids(&argmax),
-        steps: steps_taken,
-    }))
 }

@@ -3,17 +3,15 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
 use dg_tokenize::{ChatTemplate, ImageTokenIds, RenderOptions, Tokenizer};
 
-use crate::canvas::{denoise_block, BlockParams, BlockSampler, Compute};
+use crate::batch::{self, Job, OnEvent};
 use crate::error::{EngineError, Result};
-use crate::output::{Event, FinishReason, Generation, Stats};
+use crate::output::{Event, Generation};
 use crate::prompt::{attach_images, PreparedPrompt};
-use crate::request::{Defaults, Prompt, Request, Sampler};
-use crate::rng::Rng;
+use crate::request::{Defaults, Prompt, Request};
 use crate::settings::GenerationSettings;
 
 /// Load progress: layers done and total. Return `false` to cancel loading.
@@ -277,160 +275,64 @@ impl DiffusionGemma {
         mut on_event: impl FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Generation> {
         request.validate()?;
-        let prompt = self.prepare_prompt(request)?;
-        self.run(request, &prompt, &mut on_event)
+        let job = self.job(request)?;
+        let mut out = self.run(&[job], &mut |_, event| on_event(event))?;
+        Ok(out.pop().expect("one generation per request"))
     }
 
-    fn run(
+    /// Generates several answers together: each denoising step of all of them is one batched
+    /// forward pass, so the weights are read once per step for the whole batch. Each request
+    /// gets the tokens it would get alone (its own seed, canvas and stops); results come in
+    /// request order. Every request is checked first; an error names the request at fault
+    /// ([`EngineError::Request`]).
+    pub fn generate_batch(&self, requests: &[Request]) -> Result<Vec<Generation>> {
+        self.generate_batch_stream(requests, |_, _| ControlFlow::Continue(()))
+    }
+
+    /// [`generate_batch`](Self::generate_batch) with events: `on_event(i, event)` for request
+    /// `i`; `Break` cancels request `i` only, within one denoising step.
+    pub fn generate_batch_stream(
         &self,
-        request: &Request,
-        prompt: &PreparedPrompt,
-        on_event: &mut dyn FnMut(Event) -> ControlFlow<()>,
-    ) -> Result<Generation> {
-        let settings = self.settings(&request.defaults);
-        let compute = Compute {
-            model: &self.model,
-            pool: &self.pool,
-        };
-        let mut eos = self.eos.clone();
-        eos.extend(&settings.extra_eos);
-        let sampler = match request.sampler {
-            Sampler::ConfidenceThreshold { threshold } => BlockSampler::Confidence {
-                threshold: threshold as f64,
-            },
-            Sampler::EntropyBound { bound } => BlockSampler::Entropy {
-                bound: bound.map_or(settings.entropy_bound, f64::from),
-            },
-        };
-        let model_canvas = self.model.config().canvas_length;
-        let max_canvas = if request.full_canvas {
-            model_canvas
-        } else {
-            model_canvas.min(request.max_canvas.unwrap_or(model_canvas))
-        };
-        let min_canvas = max_canvas.min(request.min_canvas.unwrap_or(64));
-        let steps = request.steps.unwrap_or(settings.steps);
-
-        let mut rng = Rng::new(request.seed);
-        let mut stats = Stats {
-            prompt_tokens: prompt.ids.len(),
-            ..Stats::default()
-        };
-        let mut detok = self.tokenizer.stream_detokenizer();
-        let mut text = String::new();
-        let mut tokens = Vec::new();
-        let mut cancelled = false;
-        let mut finish = FinishReason::Length;
-
-        let start = Instant::now();
-        let mut cache = self.model.new_cache();
-        compute.prefill(&mut cache, prompt)?;
-        stats.prefill_time = start.elapsed();
-        let gen_start = Instant::now();
-        let emit = |event: Event, on_event: &mut dyn FnMut(Event) -> ControlFlow<()>| {
-            on_event(event).is_break()
-        };
-        if emit(
-            Event::Prefilled {
-                prompt_tokens: prompt.ids.len(),
-            },
-            on_event,
-        ) {
-            cancelled = true;
-        }
-
-        let mut block = 0;
-        while !cancelled && stats.generated_tokens < request.max_tokens {
-            block += 1;
-            let remaining = request.max_tokens - stats.generated_tokens;
-            let len = if request.full_canvas {
-                model_canvas
-            } else {
-                max_canvas.min(remaining.max(min_canvas))
-            };
-            let params = BlockParams {
-                len,
-                steps,
-                sampler,
-                temperature: request.temperature as f64,
-                t_min: settings.t_min,
-                t_max: settings.t_max,
-                stop: settings.stop,
-            };
-            let mut on_step = |view: crate::canvas::StepView<'_>| {
-                on_event(Event::Draft {
-                    block,
-                    step: view.step,
-                    total_steps: steps,
-                    canvas: view.canvas.iter().map(|&t| t as u32).collect(),
-                    revealed: view.revealed.to_vec(),
-                })
-            };
-            let Some(result) = denoise_block(compute, &cache, &params, &mut rng, &mut on_step)?
-            else {
-                cancelled = true;
-                break;
-            };
-            stats.canvases += 1;
-            stats.canvas_tokens += len;
-            stats.denoising_steps += result.steps;
-            stats.steps_per_block.push(result.steps);
-            stats.work_tokens += len * result.steps;
-
-            let mut committed = Vec::new();
-            let mut stopped = false;
-            for &token in &result.tokens {
-                stats.generated_tokens += 1;
-                if eos.contains(&token) {
-                    stopped = true;
-                    finish = FinishReason::Stop;
-                    break;
-                }
-                committed.push(token);
-                if let Some(delta) = detok.push(token)?.filter(|d| !d.is_empty()) {
-                    text.push_str(&delta);
-                    if emit(Event::Text(delta), on_event) {
-                        cancelled = true;
-                    }
-                }
-                if stats.generated_tokens >= request.max_tokens {
-                    stopped = true;
-                    finish = FinishReason::Length;
-                    break;
-                }
+        requests: &[Request],
+        mut on_event: impl FnMut(usize, Event) -> ControlFlow<()>,
+    ) -> Result<Vec<Generation>> {
+        let at = |index: usize| {
+            move |e: EngineError| EngineError::Request {
+                index,
+                source: Box::new(e),
             }
-            tokens.extend(&committed);
-            if emit(
-                Event::BlockEnd {
-                    block,
-                    steps: result.steps,
-                    tokens: committed,
-                },
-                on_event,
-            ) {
-                cancelled = true;
-            }
-            if stopped || cancelled {
-                break;
-            }
-            // The committed canvas joins the prompt in the cache for the next block.
-            compute.encode(&mut cache, &result.tokens)?;
+        };
+        for (i, request) in requests.iter().enumerate() {
+            request.validate().map_err(at(i))?;
         }
-        let tail = detok.flush()?;
-        if !tail.is_empty() {
-            text.push_str(&tail);
-            let _ = on_event(Event::Text(tail));
-        }
-        stats.generation_time = gen_start.elapsed();
-        Ok(Generation {
-            text,
-            token_ids: tokens,
-            finish_reason: if cancelled {
-                FinishReason::Cancelled
-            } else {
-                finish
-            },
-            stats,
+        let jobs = requests
+            .iter()
+            .enumerate()
+            .map(|(i, request)| self.job(request).map_err(at(i)))
+            .collect::<Result<Vec<_>>>()?;
+        self.run(&jobs, &mut on_event)
+    }
+
+    /// Resolves a validated request: prompt ids, images, settings.
+    fn job<'a>(&'a self, request: &'a Request) -> Result<Job<'a>> {
+        Ok(Job {
+            request,
+            prompt: self.prepare_prompt(request)?,
+            settings: self.settings(&request.defaults),
+            eos: &self.eos,
         })
+    }
+
+    fn run(&self, jobs: &[Job<'_>], on_event: &mut OnEvent<'_>) -> Result<Vec<Generation>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        batch::run(
+            &self.model,
+            &self.pool,
+            jobs,
+            || self.tokenizer.stream_detokenizer(),
+            on_event,
+        )
     }
 }

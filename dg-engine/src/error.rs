@@ -35,6 +35,13 @@ pub enum EngineError {
         path: std::path::PathBuf,
         reason: String,
     },
+    /// One request of a batch is invalid (nothing ran).
+    #[error("request {index}: {source}")]
+    Request {
+        /// Its position in the batch.
+        index: usize,
+        source: Box<EngineError>,
+    },
     /// Loading was cancelled by the progress callback.
     #[error("loading was cancelled")]
     Cancelled,

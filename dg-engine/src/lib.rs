@@ -16,6 +16,7 @@
 //! - [`sampler`]: the reference's per-step sampling math as pure functions.
 //! - [`mlx_math`]: the MLX CPU kernels (fast `exp`, reductions) those two reproduce.
 
+mod batch;
 mod canvas;
 mod engine;
 pub mod error;

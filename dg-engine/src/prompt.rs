@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use dg_core::{KvCache, TextModel};
+use dg_core::TextModel;
 use dg_tokenize::{expand_image_tokens, ImageTokenIds, TOKEN_TYPE_TEXT};
 use dg_vision::{ImageFeatures, VisionModel};
 
@@ -102,34 +102,26 @@ pub(crate) fn attach_images(
     })
 }
 
-/// Prefills `cache` with the prompt: image features replace the image-token embeddings and
-/// each image block attends to itself bidirectionally (the reference's vision overlay).
-pub(crate) fn prefill(
+/// The encoder input of a prompt: its embeddings `[len, hidden]`, where image features
+/// replace the image-token embeddings, and, with images, the block id of each position (each
+/// image block attends to itself bidirectionally: the reference's vision overlay).
+pub(crate) fn encoder_input(
     model: &TextModel,
-    cache: &mut KvCache,
     prompt: &PreparedPrompt,
-) -> Result<()> {
-    if prompt.features.is_empty() {
-        model.encode(cache, &prompt.ids, |_, _| {})?;
-        return Ok(());
-    }
-    let hidden = model.hidden_size();
+) -> Result<(Vec<f32>, Option<Vec<i32>>)> {
     let mut embeds = model.embed_prompt(&prompt.ids)?;
+    if prompt.features.is_empty() {
+        return Ok((embeds, None));
+    }
     let image_token = model.config().image_token_id.unwrap_or(u32::MAX);
     dg_vision::scatter_image_features(
         &mut embeds,
-        hidden,
+        model.hidden_size(),
         &prompt.ids,
         image_token,
         &prompt.features,
     )?;
-    model.encode_embeddings(
-        cache,
-        embeds,
-        Some(&image_blocks(&prompt.token_types)),
-        |_, _| {},
-    )?;
-    Ok(())
+    Ok((embeds, Some(image_blocks(&prompt.token_types))))
 }
 
 /// Block id per position: contiguous runs of image tokens get 0, 1, 2, ...; text gets -1.

@@ -11,8 +11,8 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use dg_engine::{
-    Defaults, DiffusionGemma, Event, FinishReason, GenerationSettings, Message, Prompt, Request,
-    Sampler,
+    Defaults, DiffusionGemma, EngineError, Event, FinishReason, Generation, GenerationSettings,
+    Message, Prompt, Request, Sampler,
 };
 use serde_json::Value;
 
@@ -76,6 +76,84 @@ fn request(case: &Value) -> Request {
     r
 }
 
+/// What a streamed generation showed: block 1's per-step revealed masks, and (block, steps)
+/// of each block end.
+#[derive(Default)]
+struct Seen {
+    accepts: Vec<Vec<bool>>,
+    blocks: Vec<(usize, usize)>,
+}
+
+impl Seen {
+    fn record(&mut self, e: Event) {
+        match e {
+            Event::Draft {
+                block: 1, revealed, ..
+            } => self.accepts.push(revealed),
+            Event::BlockEnd { block, steps, .. } => self.blocks.push((block, steps)),
+            _ => {}
+        }
+    }
+}
+
+/// Compares one generation with its golden case exactly.
+fn check_generation(case: &Value, gen: &Generation, seen: &Seen) {
+    let name = case["name"].as_str().unwrap();
+    let req = request(case);
+    let out = &case["outputs"];
+    assert_eq!(
+        gen.token_ids,
+        ids(&out["emitted_ids"]),
+        "{name}: emitted ids"
+    );
+    let finish = match out["finish_reason"].as_str().unwrap() {
+        "stop" => FinishReason::Stop,
+        "length" => FinishReason::Length,
+        other => panic!("{other}"),
+    };
+    assert_eq!(gen.finish_reason, finish, "{name}: finish reason");
+    assert_eq!(
+        gen.stats.generated_tokens as u64,
+        out["generation_tokens"].as_u64().unwrap(),
+        "{name}: generation tokens"
+    );
+    let blocks = out["blocks"].as_array().unwrap();
+    let steps: Vec<usize> = blocks
+        .iter()
+        .map(|b| b["steps"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(gen.stats.steps_per_block, steps, "{name}: steps per block");
+    assert_eq!(gen.stats.canvases, blocks.len(), "{name}: canvases");
+    assert_eq!(
+        gen.stats.canvas_tokens as u64,
+        out["canvas_tokens"].as_u64().unwrap(),
+        "{name}: canvas tokens"
+    );
+    assert_eq!(seen.blocks.len(), blocks.len(), "{name}: block events");
+
+    // Per-step accept masks (block 1), when recorded.
+    if let Some(per_step) = blocks[0].get("per_step").and_then(Value::as_array) {
+        let confidence = matches!(req.sampler, Sampler::ConfidenceThreshold { .. });
+        let mut revealed = vec![false; per_step[0]["canvas_in"].as_array().unwrap().len()];
+        let mut step_masks = Vec::new();
+        for s in per_step
+            .iter()
+            .filter_map(|s| s.get("accept").and_then(Value::as_str))
+        {
+            let accept: Vec<bool> = s.chars().map(|c| c == '1').collect();
+            if confidence {
+                for (r, a) in revealed.iter_mut().zip(&accept) {
+                    *r |= a;
+                }
+                step_masks.push(revealed.clone());
+            } else {
+                step_masks.push(accept);
+            }
+        }
+        assert_eq!(seen.accepts, step_masks, "{name}: per-step accept masks");
+    }
+}
+
 #[test]
 fn generations_match_reference_token_for_token() {
     let model = DiffusionGemma::load(fixtures().join("models/tiny")).expect("load tiny");
@@ -84,80 +162,120 @@ fn generations_match_reference_token_for_token() {
     for case in &cases {
         let name = case["name"].as_str().unwrap();
         let req = request(case);
-        let out = &case["outputs"];
         // The prompt ids we build must be the reference's (text encoding, chat template).
         assert_eq!(
             model.prompt_ids(&req.prompt).unwrap(),
             ids(&case["prompt"]["ids"]),
             "{name}: prompt ids"
         );
-        let mut accepts: Vec<Vec<bool>> = Vec::new();
-        let mut blocks_seen = Vec::new();
+        let mut seen = Seen::default();
         let gen = model
             .generate_stream(&req, |e| {
-                match e {
-                    Event::Draft {
-                        block: 1, revealed, ..
-                    } => accepts.push(revealed),
-                    Event::BlockEnd { block, steps, .. } => blocks_seen.push((block, steps)),
-                    _ => {}
-                }
+                seen.record(e);
                 ControlFlow::Continue(())
             })
             .unwrap_or_else(|e| panic!("{name}: {e}"));
+        check_generation(case, &gen, &seen);
+    }
+}
 
+/// Every golden case in one batch (ragged prompts, both samplers, several temperatures,
+/// canvas lengths, block counts and stops): each must still match the reference exactly.
+#[test]
+fn batched_generations_match_reference_token_for_token() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).expect("load tiny");
+    let cases = goldens();
+    let requests: Vec<Request> = cases.iter().map(request).collect();
+    let mut seen: Vec<Seen> = cases.iter().map(|_| Seen::default()).collect();
+    let gens = model
+        .generate_batch_stream(&requests, |i, e| {
+            seen[i].record(e);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(gens.len(), cases.len());
+    let lengths: std::collections::BTreeSet<usize> =
+        gens.iter().map(|g| g.stats.prompt_tokens).collect();
+    assert!(lengths.len() > 1, "the batch is ragged");
+    for ((case, gen), seen) in cases.iter().zip(&gens).zip(&seen) {
+        check_generation(case, gen, seen);
+    }
+}
+
+/// A batch whose prompts all have the same length (no row needs padding): the masks must be
+/// applied all the same (../shared/seeds/002), so each matches the reference.
+#[test]
+fn equal_length_batch_matches_reference() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let cases = goldens();
+    let mut by_length: std::collections::BTreeMap<usize, Vec<&Value>> = Default::default();
+    for case in &cases {
+        by_length
+            .entry(ids(&case["prompt"]["ids"]).len())
+            .or_default()
+            .push(case);
+    }
+    let group = by_length
+        .values()
+        .filter(|g| g.len() >= 2)
+        .max_by_key(|g| g.len())
+        .expect("golden cases with equal prompt lengths");
+    let requests: Vec<Request> = group.iter().map(|c| request(c)).collect();
+    let gens = model.generate_batch(&requests).unwrap();
+    for (case, gen) in group.iter().zip(&gens) {
+        let name = case["name"].as_str().unwrap();
         assert_eq!(
             gen.token_ids,
-            ids(&out["emitted_ids"]),
-            "{name}: emitted ids"
+            ids(&case["outputs"]["emitted_ids"]),
+            "{name} in an equal-length batch of {}",
+            group.len()
         );
-        let finish = match out["finish_reason"].as_str().unwrap() {
-            "stop" => FinishReason::Stop,
-            "length" => FinishReason::Length,
-            other => panic!("{other}"),
-        };
-        assert_eq!(gen.finish_reason, finish, "{name}: finish reason");
-        assert_eq!(
-            gen.stats.generated_tokens as u64,
-            out["generation_tokens"].as_u64().unwrap(),
-            "{name}: generation tokens"
-        );
-        let blocks = out["blocks"].as_array().unwrap();
-        let steps: Vec<usize> = blocks
-            .iter()
-            .map(|b| b["steps"].as_u64().unwrap() as usize)
-            .collect();
-        assert_eq!(gen.stats.steps_per_block, steps, "{name}: steps per block");
-        assert_eq!(gen.stats.canvases, blocks.len(), "{name}: canvases");
-        assert_eq!(
-            gen.stats.canvas_tokens as u64,
-            out["canvas_tokens"].as_u64().unwrap(),
-            "{name}: canvas tokens"
-        );
-        assert_eq!(blocks_seen.len(), blocks.len(), "{name}: block events");
-
-        // Per-step accept masks (block 1), when recorded.
-        if let Some(per_step) = blocks[0].get("per_step").and_then(Value::as_array) {
-            let confidence = matches!(req.sampler, Sampler::ConfidenceThreshold { .. });
-            let mut revealed = vec![false; per_step[0]["canvas_in"].as_array().unwrap().len()];
-            let mut step_masks = Vec::new();
-            for s in per_step
-                .iter()
-                .filter_map(|s| s.get("accept").and_then(Value::as_str))
-            {
-                let accept: Vec<bool> = s.chars().map(|c| c == '1').collect();
-                if confidence {
-                    for (r, a) in revealed.iter_mut().zip(&accept) {
-                        *r |= a;
-                    }
-                    step_masks.push(revealed.clone());
-                } else {
-                    step_masks.push(accept);
-                }
-            }
-            assert_eq!(accepts, step_masks, "{name}: per-step accept masks");
-        }
     }
+}
+
+#[test]
+fn cancelling_one_request_of_a_batch_leaves_the_others() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let cases = goldens();
+    let requests: Vec<Request> = cases.iter().take(3).map(request).collect();
+    let mut drafts = 0;
+    let gens = model
+        .generate_batch_stream(&requests, |i, e| {
+            if i == 1 && matches!(e, Event::Draft { .. }) {
+                drafts += 1;
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(drafts, 1, "no step of request 1 ran after it was cancelled");
+    assert_eq!(gens[1].finish_reason, FinishReason::Cancelled);
+    for i in [0, 2] {
+        assert_eq!(gens[i].token_ids, ids(&cases[i]["outputs"]["emitted_ids"]));
+    }
+}
+
+#[test]
+fn batch_errors_name_the_request() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    assert!(model.generate_batch(&[]).unwrap().is_empty());
+    let mut bad = Request::tokens(vec![5]);
+    bad.temperature = f32::NAN;
+    let err = model
+        .generate_batch(&[Request::tokens(vec![5]), bad])
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::Request { index: 1, .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().starts_with("request 1: temperature"),
+        "{err}"
+    );
+    let err = model
+        .generate_batch(&[Request::tokens(vec![1, 2, 100_000])])
+        .unwrap_err();
+    assert!(err.to_string().starts_with("request 0:"), "{err}");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use dg_engine::{DiffusionGemma, FinishReason, Image, Request, Sampler};
+use dg_engine::{DiffusionGemma, FinishReason, Generation, Image, Request, Sampler};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -21,40 +21,80 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn image_generations_match_reference() {
+fn image_cases() -> Vec<Value> {
     let text = std::fs::read_to_string(fixtures().join("goldens/generate_images.json")).unwrap();
     let json: Value = serde_json::from_str(&text).unwrap();
-    let cases = json["cases"].as_array().unwrap();
+    json["cases"].as_array().unwrap().clone()
+}
+
+fn case_name(case: &Value) -> String {
+    format!(
+        "{}/{}",
+        case["fixture"].as_str().unwrap(),
+        case["name"].as_str().unwrap()
+    )
+}
+
+fn image_request(case: &Value) -> Request {
+    let images: Vec<Image> = case["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| Image::Path(fixtures().join("images").join(i["file"].as_str().unwrap())))
+        .collect();
+    let o = &case["options"];
+    let mut req = Request::with_images(case["prompt"]["text"].as_str().unwrap(), images);
+    req.max_tokens = o["max_tokens"].as_u64().unwrap() as usize;
+    req.temperature = o["temperature"].as_f64().unwrap() as f32;
+    req.seed = o["seed"].as_u64().unwrap();
+    req.sampler = match o["sampler"].as_str().unwrap() {
+        "confidence-threshold" => Sampler::ConfidenceThreshold { threshold: 0.9 },
+        _ => Sampler::EntropyBound { bound: None },
+    };
+    req.defaults = dg_engine::Defaults::Reference;
+    req
+}
+
+/// Emitted ids, finish reason, token count and steps per block, exactly.
+fn check_generation(name: &str, case: &Value, gen: &Generation) {
+    let out = &case["outputs"];
+    assert_eq!(
+        gen.token_ids,
+        ids(&out["emitted_ids"]),
+        "{name}: emitted ids"
+    );
+    let finish = if out["finish_reason"] == "stop" {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    };
+    assert_eq!(gen.finish_reason, finish, "{name}: finish reason");
+    assert_eq!(
+        gen.stats.generated_tokens as u64,
+        out["generation_tokens"].as_u64().unwrap(),
+        "{name}"
+    );
+    let steps: Vec<usize> = out["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["steps"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(gen.stats.steps_per_block, steps, "{name}: steps per block");
+}
+
+#[test]
+fn image_generations_match_reference() {
+    let cases = image_cases();
     assert!(cases.len() >= 8, "{} cases", cases.len());
     let mut models = std::collections::HashMap::new();
-    for case in cases {
-        let name = format!(
-            "{}/{}",
-            case["fixture"].as_str().unwrap(),
-            case["name"].as_str().unwrap()
-        );
+    for case in &cases {
+        let name = case_name(case);
         let fixture = case["fixture"].as_str().unwrap().to_owned();
         let model = models.entry(fixture.clone()).or_insert_with(|| {
             DiffusionGemma::load(fixtures().join("models").join(&fixture)).unwrap()
         });
-        let images: Vec<Image> = case["images"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| Image::Path(fixtures().join("images").join(i["file"].as_str().unwrap())))
-            .collect();
-        let o = &case["options"];
-        let mut req = Request::with_images(case["prompt"]["text"].as_str().unwrap(), images);
-        req.max_tokens = o["max_tokens"].as_u64().unwrap() as usize;
-        req.temperature = o["temperature"].as_f64().unwrap() as f32;
-        req.seed = o["seed"].as_u64().unwrap();
-        req.sampler = match o["sampler"].as_str().unwrap() {
-            "confidence-threshold" => Sampler::ConfidenceThreshold { threshold: 0.9 },
-            _ => Sampler::EntropyBound { bound: None },
-        };
-        req.defaults = dg_engine::Defaults::Reference;
-
+        let req = image_request(case);
         let prepared = model.prepare_prompt(&req).unwrap();
         assert_eq!(
             prepared.ids,
@@ -78,30 +118,33 @@ fn image_generations_match_reference() {
         let gen = model
             .generate(&req)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let out = &case["outputs"];
-        assert_eq!(
-            gen.token_ids,
-            ids(&out["emitted_ids"]),
-            "{name}: emitted ids"
-        );
-        let finish = if out["finish_reason"] == "stop" {
-            FinishReason::Stop
-        } else {
-            FinishReason::Length
-        };
-        assert_eq!(gen.finish_reason, finish, "{name}: finish reason");
-        assert_eq!(
-            gen.stats.generated_tokens as u64,
-            out["generation_tokens"].as_u64().unwrap(),
-            "{name}"
-        );
-        let steps: Vec<usize> = out["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b["steps"].as_u64().unwrap() as usize)
-            .collect();
-        assert_eq!(gen.stats.steps_per_block, steps, "{name}: steps per block");
+        check_generation(&name, case, &gen);
+    }
+}
+
+/// All image cases of a fixture in one batch, beside a text-only request: each sequence's
+/// image blocks (bidirectional within themselves) must stay its own.
+#[test]
+fn batched_image_generations_match_reference() {
+    let cases = image_cases();
+    let fixture = cases[0]["fixture"].as_str().unwrap();
+    let model = DiffusionGemma::load(fixtures().join("models").join(fixture)).unwrap();
+    let batch: Vec<&Value> = cases.iter().filter(|c| c["fixture"] == fixture).collect();
+    assert!(batch.len() >= 4, "{} cases", batch.len());
+    let mut requests: Vec<Request> = batch.iter().map(|c| image_request(c)).collect();
+    let text_only = Request::with_images(batch[0]["prompt"]["text"].as_str().unwrap(), vec![]);
+    let alone = model.generate(&text_only).unwrap();
+    requests.insert(1, text_only);
+    let gens = model.generate_batch(&requests).unwrap();
+    assert_eq!(
+        gens[1].token_ids, alone.token_ids,
+        "text-only request in the batch"
+    );
+    for (case, gen) in batch
+        .iter()
+        .zip(gens.iter().take(1).chain(gens.iter().skip(2)))
+    {
+        check_generation(&format!("batched {}", case_name(case)), case, gen);
     }
 }
 
