@@ -1,4 +1,5 @@
-//! One denoising step (a decoder pass over a canvas) and one whole generation, on a random
+//! One denoising step (a decoder pass over a canvas) and one whole generation, single and
+//! batched (four sequences sharing each forward pass vs one after another), on a random
 //! checkpoint written by `dg_core::synthetic` at the size `tools/reference/bench_step.py` uses
 //! for the side-by-side comparison with the reference (hidden 256, 32 experts, canvas 64).
 //!
@@ -8,7 +9,7 @@ use std::ops::ControlFlow;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use dg_core::synthetic::{write_checkpoint, SyntheticSpec};
-use dg_core::SelfConditioning;
+use dg_core::{DecoderInput, SelfConditioning};
 use dg_engine::{Defaults, DiffusionGemma, Request, Sampler};
 
 fn bench_spec() -> SyntheticSpec {
@@ -52,16 +53,60 @@ fn benches(c: &mut Criterion) {
                 .unwrap()
         })
     });
-    group.bench_function("generate_64_tokens_confidence", |b| {
-        let mut request = Request::tokens(prompt.clone());
+    // Four canvases after four prompts: one batched decoder pass against four single ones.
+    let prompts: Vec<Vec<u32>> = (0..4u32).map(|i| (10 + i..42 + 3 * i).collect()).collect();
+    let caches: Vec<_> = prompts.iter().map(|p| model.prefill(p).unwrap()).collect();
+    let batch: Vec<DecoderInput<'_>> = caches
+        .iter()
+        .map(|cache| DecoderInput {
+            cache,
+            canvas: &canvas,
+            self_conditioning: SelfConditioning::Logits(&logits),
+        })
+        .collect();
+    group.bench_function("decoder_step_4_canvases_batched", |b| {
+        b.iter(|| model.model().decode_batch(&batch).unwrap())
+    });
+    group.bench_function("decoder_step_4_canvases_one_by_one", |b| {
+        b.iter(|| {
+            for input in &batch {
+                model
+                    .decoder_logits(input.cache, input.canvas, input.self_conditioning)
+                    .unwrap();
+            }
+        })
+    });
+
+    let request = |prompt: Vec<u32>, seed: u64| {
+        let mut request = Request::tokens(prompt);
         request.max_tokens = 64;
         request.steps = Some(16);
         request.sampler = Sampler::ConfidenceThreshold { threshold: 0.9 };
         request.defaults = Defaults::Reference;
+        request.seed = seed;
+        request
+    };
+    let single = request(prompt.clone(), 0);
+    group.bench_function("generate_64_tokens_confidence", |b| {
         b.iter(|| {
             model
-                .generate_stream(&request, |_| ControlFlow::Continue(()))
+                .generate_stream(&single, |_| ControlFlow::Continue(()))
                 .unwrap()
+        })
+    });
+    let requests: Vec<Request> = prompts
+        .iter()
+        .zip(0..)
+        .map(|(p, seed)| request(p.clone(), seed))
+        .collect();
+    group.bench_function("generate_4x64_tokens_batched", |b| {
+        b.iter(|| model.generate_batch(&requests).unwrap())
+    });
+    group.bench_function("generate_4x64_tokens_one_by_one", |b| {
+        b.iter(|| {
+            for r in &requests {
+                model.generate(r).unwrap();
+            }
         })
     });
     group.finish();

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example generate -- --prompt "Write a haiku about rust"
 //! cargo run --release --example generate -- --model path/to/diffusiongemma --prompt "Hi" --live
+//! cargo run --release --example generate -- --prompt "One" --prompt "Two"   # one batch
 //! ```
 //!
 //! Without `--model` it writes a small random-weight checkpoint to a temporary directory and
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use dg_engine::{Defaults, DiffusionGemma, Event, Image, Message, Request, Sampler};
+use dg_engine::{Defaults, DiffusionGemma, Event, Generation, Image, Message, Request, Sampler};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -30,9 +31,10 @@ struct Args {
     /// small random checkpoint is written and used: its output is noise.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Prompt text, chat-templated as one user turn (see --raw).
+    /// Prompt text, chat-templated as one user turn (see --raw). Repeat it to generate several
+    /// answers as one batch (each step of all of them is one forward pass).
     #[arg(long, default_value = "Write a haiku about the sea.")]
-    prompt: String,
+    prompt: Vec<String>,
     /// Send --prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
@@ -69,7 +71,8 @@ struct Args {
     /// Show the canvas un-masking step by step.
     #[arg(long)]
     live: bool,
-    /// Print one JSON object (token ids, text, steps per block, finish reason, stats).
+    /// Print one JSON object (token ids, text, steps per block, finish reason, stats); one per
+    /// line for a batch.
     #[arg(long)]
     json: bool,
 }
@@ -114,37 +117,22 @@ fn main() -> Result<()> {
         .with_context(|| format!("loading {}", dir.display()))?;
     bar.finish_and_clear();
 
-    let mut request = if !args.image.is_empty() {
-        Request::with_images(
-            &args.prompt,
-            args.image.iter().cloned().map(Image::Path).collect(),
-        )
-    } else if let Some(ids) = &args.prompt_ids {
-        Request::tokens(ids.clone())
-    } else if args.raw {
-        Request::text(args.prompt.clone())
+    let requests: Vec<Request> = if args.prompt_ids.is_some() {
+        vec![build_request(&args, "")]
     } else {
-        Request::chat(vec![Message::user(args.prompt.clone())])
+        args.prompt
+            .iter()
+            .map(|p| build_request(&args, p))
+            .collect()
     };
-    request.sampler = match args.sampler {
-        SamplerArg::ConfidenceThreshold => Sampler::ConfidenceThreshold {
-            threshold: args.threshold,
-        },
-        SamplerArg::EntropyBound => Sampler::EntropyBound {
-            bound: args.entropy_bound,
-        },
-    };
-    request.temperature = args.temperature;
-    request.steps = args.steps;
-    request.max_tokens = args.max_tokens;
-    request.seed = args.seed;
-    if args.reference_defaults {
-        request.defaults = Defaults::Reference;
+    if requests.len() > 1 {
+        return generate_batch(&model, &requests, args.json);
     }
+    let request = &requests[0];
 
     let stdout = std::io::stdout();
     let mut live_lines = 0usize;
-    let result = model.generate_stream(&request, |event| {
+    let result = model.generate_stream(request, |event| {
         if args.json {
             return ControlFlow::Continue(());
         }
@@ -184,33 +172,86 @@ fn main() -> Result<()> {
     })?;
 
     if args.json {
-        let json = serde_json::json!({
-            "token_ids": result.token_ids,
-            "text": result.text,
-            "steps_per_block": result.stats.steps_per_block,
-            "finish_reason": result.finish_reason,
-            "stats": result.stats,
-        });
-        println!("{json}");
+        println!("{}", json(&result));
     } else {
-        let s = &result.stats;
         println!();
-        eprintln!(
-            "[{:?}] {} prompt tokens ({:.1} tok/s), {} generated ({:.1} tok/s), {} blocks, {} steps, {:.1} work token-steps/s",
-            result.finish_reason,
-            s.prompt_tokens,
-            s.prompt_tps(),
-            s.generated_tokens,
-            s.generation_tps(),
-            s.canvases,
-            s.denoising_steps,
-            s.work_tps()
-        );
-    }
-    if result.token_ids.is_empty() && !args.json {
-        eprintln!("(the model produced an empty answer)");
+        summary(&result);
     }
     Ok(())
+}
+
+/// One request from the command line's options.
+fn build_request(args: &Args, prompt: &str) -> Request {
+    let mut request = if !args.image.is_empty() {
+        Request::with_images(
+            prompt,
+            args.image.iter().cloned().map(Image::Path).collect(),
+        )
+    } else if let Some(ids) = &args.prompt_ids {
+        Request::tokens(ids.clone())
+    } else if args.raw {
+        Request::text(prompt)
+    } else {
+        Request::chat(vec![Message::user(prompt)])
+    };
+    request.sampler = match args.sampler {
+        SamplerArg::ConfidenceThreshold => Sampler::ConfidenceThreshold {
+            threshold: args.threshold,
+        },
+        SamplerArg::EntropyBound => Sampler::EntropyBound {
+            bound: args.entropy_bound,
+        },
+    };
+    request.temperature = args.temperature;
+    request.steps = args.steps;
+    request.max_tokens = args.max_tokens;
+    request.seed = args.seed;
+    if args.reference_defaults {
+        request.defaults = Defaults::Reference;
+    }
+    request
+}
+
+/// Several prompts as one batch: answers are printed when all are done.
+fn generate_batch(model: &DiffusionGemma, requests: &[Request], as_json: bool) -> Result<()> {
+    let results = model.generate_batch(requests)?;
+    for (i, result) in results.iter().enumerate() {
+        if as_json {
+            println!("{}", json(result));
+        } else {
+            println!("--- answer {} ---\n{}", i + 1, result.text);
+            summary(result);
+        }
+    }
+    Ok(())
+}
+
+fn json(result: &Generation) -> serde_json::Value {
+    serde_json::json!({
+        "token_ids": result.token_ids,
+        "text": result.text,
+        "steps_per_block": result.stats.steps_per_block,
+        "finish_reason": result.finish_reason,
+        "stats": result.stats,
+    })
+}
+
+fn summary(result: &Generation) {
+    let s = &result.stats;
+    eprintln!(
+        "[{:?}] {} prompt tokens ({:.1} tok/s), {} generated ({:.1} tok/s), {} blocks, {} steps, {:.1} work token-steps/s",
+        result.finish_reason,
+        s.prompt_tokens,
+        s.prompt_tps(),
+        s.generated_tokens,
+        s.generation_tps(),
+        s.canvases,
+        s.denoising_steps,
+        s.work_tps()
+    );
+    if result.token_ids.is_empty() {
+        eprintln!("(the model produced an empty answer)");
+    }
 }
 
 /// Revealed tokens as text, unrevealed ones as a block character.
