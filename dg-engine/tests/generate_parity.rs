@@ -8,7 +8,6 @@
 //! reason, canvases, steps per block, and for the per-step cases each step's accept mask.
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 
 use dg_engine::{
     Defaults, DiffusionGemma, EngineError, Event, FinishReason, Generation, GenerationSettings,
@@ -16,22 +15,15 @@ use dg_engine::{
 };
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
+mod common;
+
+use common::{fixtures, ids, load_json};
 
 fn goldens() -> Vec<Value> {
-    let text = std::fs::read_to_string(fixtures().join("goldens/generate_tiny.json")).unwrap();
-    let json: Value = serde_json::from_str(&text).unwrap();
-    json["cases"].as_array().unwrap().clone()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
+    load_json("generate_tiny.json")["cases"]
+        .as_array()
         .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+        .clone()
 }
 
 fn request(case: &Value) -> Request {

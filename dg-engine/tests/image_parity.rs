@@ -4,27 +4,18 @@
 //! (tools/reference/dump_image_generation_goldens.py); every case keeps its trajectory under
 //! +-1 f32 ulp noise on 1% of the reference's quantized-matmul outputs.
 
-use std::path::PathBuf;
-
 use dg_engine::{DiffusionGemma, FinishReason, Generation, Image, Request, Sampler};
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
+mod common;
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use common::{fixtures, ids, load_json};
 
 fn image_cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(fixtures().join("goldens/generate_images.json")).unwrap();
-    let json: Value = serde_json::from_str(&text).unwrap();
-    json["cases"].as_array().unwrap().clone()
+    load_json("generate_images.json")["cases"]
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn case_name(case: &Value) -> String {

@@ -4,102 +4,13 @@
 //! `tools/reference/dump_rng_goldens.py`. Every value must be identical (integers exactly, f32 by
 //! bit pattern): the RNG involves no tolerance.
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 
+use common::{key_of, load_json, usizes, Tensors};
 use dg_engine::rng::{self, Key, Rng};
-use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-
-fn goldens_dir() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/goldens"
-    ))
-}
-
-/// All tensors of one safetensors file, as raw little-endian bytes.
-struct Tensors(HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
-
-impl Tensors {
-    fn load(file: &str) -> Self {
-        let path = goldens_dir().join(file);
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
-        let map = st
-            .tensors()
-            .into_iter()
-            .map(|(name, view)| {
-                let entry = (view.dtype(), view.shape().to_vec(), view.data().to_vec());
-                (name, entry)
-            })
-            .collect();
-        Self(map)
-    }
-
-    fn raw(&self, name: &str, dtype: Dtype) -> (&[usize], &[u8]) {
-        let (dt, shape, data) = self
-            .0
-            .get(name)
-            .unwrap_or_else(|| panic!("golden tensor {name} missing"));
-        assert_eq!(*dt, dtype, "dtype of {name}");
-        (shape, data)
-    }
-
-    fn words(&self, name: &str, dtype: Dtype) -> Vec<u32> {
-        let (_, data) = self.raw(name, dtype);
-        data.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    fn u32(&self, name: &str) -> Vec<u32> {
-        self.words(name, Dtype::U32)
-    }
-
-    fn i32(&self, name: &str) -> Vec<i32> {
-        self.words(name, Dtype::I32)
-            .into_iter()
-            .map(|w| w as i32)
-            .collect()
-    }
-
-    fn f32(&self, name: &str) -> Vec<f32> {
-        self.words(name, Dtype::F32)
-            .into_iter()
-            .map(f32::from_bits)
-            .collect()
-    }
-
-    fn bf16_as_f32(&self, name: &str) -> Vec<f32> {
-        let (_, data) = self.raw(name, Dtype::BF16);
-        data.chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-            .collect()
-    }
-}
-
-fn load_json(file: &str) -> Value {
-    let path = goldens_dir().join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("valid json")
-}
-
-fn usizes(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("unsigned") as usize)
-        .collect()
-}
-
-fn key_of(v: &Value) -> Key {
-    let k = v.as_array().expect("key array");
-    [
-        k[0].as_u64().expect("u32") as u32,
-        k[1].as_u64().expect("u32") as u32,
-    ]
-}
 
 fn i32_of(v: &Value) -> i32 {
     i32::try_from(v.as_i64().expect("integer")).expect("fits i32")

@@ -10,77 +10,16 @@
 //! polynomial `exp`, same libm `logf`, same left-to-right f32 sums), so there is no source of
 //! difference to tolerate.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+mod common;
 
+use common::{key_of, load_json, usizes, Tensors};
 use dg_engine::mlx_math;
-use dg_engine::rng::{Key, Rng};
+use dg_engine::rng::Rng;
 use dg_engine::sampler::{self, StabilityStop};
-use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-
-fn goldens_dir() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/goldens"
-    ))
-}
-
-/// All tensors of one safetensors file, as raw little-endian bytes.
-struct Tensors(HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
-
-impl Tensors {
-    fn load(file: &str) -> Self {
-        let path = goldens_dir().join(file);
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
-        let map = st
-            .tensors()
-            .into_iter()
-            .map(|(name, view)| {
-                let entry = (view.dtype(), view.shape().to_vec(), view.data().to_vec());
-                (name, entry)
-            })
-            .collect();
-        Self(map)
-    }
-
-    fn words(&self, name: &str, dtype: Dtype) -> (Vec<usize>, Vec<u32>) {
-        let (dt, shape, data) = self
-            .0
-            .get(name)
-            .unwrap_or_else(|| panic!("golden tensor {name} missing"));
-        assert_eq!(*dt, dtype, "dtype of {name}");
-        let words = data
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        (shape.clone(), words)
-    }
-
-    fn i32(&self, name: &str) -> (Vec<usize>, Vec<i32>) {
-        let (shape, w) = self.words(name, Dtype::I32);
-        (shape, w.into_iter().map(|x| x as i32).collect())
-    }
-
-    fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let (shape, w) = self.words(name, Dtype::F32);
-        (shape, w.into_iter().map(f32::from_bits).collect())
-    }
-}
-
-fn load_json(file: &str) -> Value {
-    let path = goldens_dir().join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("valid json")
-}
 
 fn as_usize(v: &Value) -> usize {
     v.as_u64().expect("unsigned integer") as usize
-}
-
-fn usizes(v: &Value) -> Vec<usize> {
-    v.as_array().expect("array").iter().map(as_usize).collect()
 }
 
 fn bools(v: &Value) -> Vec<bool> {
@@ -92,11 +31,6 @@ fn bools(v: &Value) -> Vec<bool> {
             other => other.as_i64().expect("0/1") != 0,
         })
         .collect()
-}
-
-fn key_of(v: &Value) -> Key {
-    let k = usizes(v);
-    [k[0] as u32, k[1] as u32]
 }
 
 /// A Python float written with `repr`: Rust's parser rounds correctly, so this is exact.
@@ -128,7 +62,7 @@ impl Golden {
         let doc = load_json("sampler.json");
         let t = Tensors::load("sampler.safetensors");
         let vocab = as_usize(&doc["vocab"]);
-        let (shape, table) = t.f32(doc["table"].as_str().unwrap());
+        let (shape, table) = t.f32_shaped(doc["table"].as_str().unwrap());
         assert_eq!(shape, vec![as_usize(&doc["table_rows"]), vocab]);
         Self {
             doc,
@@ -185,8 +119,8 @@ fn schedule_matches_reference() {
 #[test]
 fn mlx_math_is_bit_exact() {
     let g = Golden::load();
-    let (_, x) = g.t.f32("math_x");
-    let (_, want) = g.t.f32("math_exp");
+    let (_, x) = g.t.f32_shaped("math_x");
+    let (_, want) = g.t.f32_shaped("math_exp");
     let ours: Vec<f32> = x.iter().map(|&v| mlx_math::exp(v)).collect();
     for ((&xi, &o), &w) in x.iter().zip(&ours).zip(&want) {
         assert!(
@@ -205,15 +139,15 @@ fn mlx_math_is_bit_exact() {
         "only {libm_differs} inputs tell exp from expf"
     );
 
-    let (_, x) = g.t.f32("math_log_x");
-    let (_, want) = g.t.f32("math_log");
+    let (_, x) = g.t.f32_shaped("math_log_x");
+    let (_, want) = g.t.f32_shaped("math_log");
     for (&xi, &w) in x.iter().zip(&want) {
         let o = mlx_math::log(xi);
         assert!(o.to_bits() == w.to_bits(), "log({xi:e}) = {o:e}, MLX {w:e}");
     }
 
-    let (shape, x) = g.t.f32("math_lse_x");
-    let (_, want) = g.t.f32("math_lse");
+    let (shape, x) = g.t.f32_shaped("math_lse_x");
+    let (_, want) = g.t.f32_shaped("math_lse");
     let ours = sampler::logsumexp_rows(&x, shape[1]).unwrap();
     assert_eq!(bits(&ours), bits(&want), "logsumexp");
 }
@@ -253,19 +187,19 @@ fn per_case_outputs_match_reference() {
 
         if case["full"].as_bool().unwrap() {
             full_cases += 1;
-            let (_, want) = g.t.f32(&format!("{p}processed"));
+            let (_, want) = g.t.f32_shaped(&format!("{p}processed"));
             assert_eq!(bits(&logits), bits(&want), "{name}: processed logits");
             let (_, probs) = sampler::entropy_and_probs(&logits, v).unwrap();
-            let (_, want) = g.t.f32(&format!("{p}chain_probs"));
+            let (_, want) = g.t.f32_shaped(&format!("{p}chain_probs"));
             assert_eq!(bits(&probs), bits(&want), "{name}: entropy-chain probs");
             let soft = sampler::softmax_precise(&logits, v).unwrap();
-            let (_, want) = g.t.f32(&format!("{p}softmax_probs"));
+            let (_, want) = g.t.f32_shaped(&format!("{p}softmax_probs"));
             assert_eq!(bits(&soft), bits(&want), "{name}: softmax probs");
             values_checked += 3 * logits.len();
         }
 
         // tokens: argmax, then one sample per temperature, each from a fresh seed
-        let (_, tokens) = g.t.i32(&format!("{p}tokens"));
+        let (_, tokens) = g.t.i32_shaped(&format!("{p}tokens"));
         let argmax = sampler::argmax_canvas(&logits, v).unwrap();
         assert_eq!(argmax, tokens[..l], "{name}: argmax");
         let seeds = usizes(&case["sample_seeds"]);
@@ -289,7 +223,7 @@ fn per_case_outputs_match_reference() {
         let sample_07 = &samples[taus.iter().position(|&t| t == 0.7).unwrap()];
 
         // values
-        let (shape, want) = g.t.f32(&format!("{p}values"));
+        let (shape, want) = g.t.f32_shaped(&format!("{p}values"));
         assert_eq!(shape, vec![8, l]);
         let row = |k: usize| &want[k * l..(k + 1) * l];
         let conf_argmax = sampler::token_probability(&logits, v, &argmax).unwrap();
@@ -326,7 +260,7 @@ fn per_case_outputs_match_reference() {
             assert_eq!(bits(vals), bits(row(k)), "{name}: {what}");
             values_checked += l;
         }
-        let (_, probes) = g.t.f32(&format!("{p}probes"));
+        let (_, probes) = g.t.f32_shaped(&format!("{p}probes"));
         let nc = probe_cols.len();
         for (pi, probs) in [&chain, &soft].into_iter().enumerate() {
             for r in 0..l {
@@ -339,7 +273,7 @@ fn per_case_outputs_match_reference() {
 
         // masks: confidence (per denoiser x threshold x force_all), then entropy bounds
         let unrevealed = bools(&case["unrevealed"]);
-        let (_, masks) = g.t.i32(&format!("{p}masks"));
+        let (_, masks) = g.t.i32_shaped(&format!("{p}masks"));
         let mut k = 0;
         for conf in [&conf_argmax, &conf_sample] {
             for &thr in &thresholds {
@@ -397,9 +331,9 @@ fn direct_masks_match_reference() {
     let entries = g.doc["direct_masks"].as_array().unwrap();
     let (mut conf, mut ent) = (0, 0);
     for e in entries {
-        let (shape, input) = g.t.f32(e["input"].as_str().unwrap());
+        let (shape, input) = g.t.f32_shaped(e["input"].as_str().unwrap());
         let l = shape[1];
-        let (_, want) = g.t.i32(e["out"].as_str().unwrap());
+        let (_, want) = g.t.i32_shaped(e["out"].as_str().unwrap());
         let ours = match e["kind"].as_str().unwrap() {
             "confidence" => {
                 conf += 1;
