@@ -65,8 +65,8 @@ impl Default for SyntheticSpec {
     }
 }
 
-/// The real Gemma 4 chat template (see tools/reference/assets/SOURCE.md).
-const GEMMA4_CHAT_TEMPLATE: &str = include_str!("../../tools/reference/assets/chat_template.jinja");
+/// The real Gemma 4 chat template (see dg-core/assets/SOURCE.md).
+const GEMMA4_CHAT_TEMPLATE: &str = include_str!("../assets/chat_template.jinja");
 
 /// Special token ids of the synthetic byte-level tokenizer (Gemma's ids).
 const SPECIALS: [(&str, u32); 7] = [

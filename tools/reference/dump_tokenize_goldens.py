@@ -11,7 +11,7 @@ Writes tests/fixtures/goldens/tokenize.json. Inputs:
   (a small Gemma-format BPE with Gemma's special ids; CJK and emoji fall back to byte tokens),
   loaded as the reference loads it: optiq's `load_tokenizer` (AutoTokenizer + the streaming
   detokenizer it picks from tokenizer.json's decoder);
-- the real DiffusionGemma chat template, tools/reference/assets/chat_template.jinja (see SOURCE.md),
+- the real DiffusionGemma chat template, dg-core/assets/chat_template.jinja (see SOURCE.md there),
   passed to `apply_chat_template(chat_template=...)` so the fixture's own template file does not
   matter.
 
@@ -54,7 +54,7 @@ from optiq.vlm._mlxvlm.tokenizer_utils import load_tokenizer, make_streaming_det
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "tests" / "fixtures" / "models" / "tiny"
-TEMPLATE_PATH = ROOT / "tools" / "reference" / "assets" / "chat_template.jinja"
+TEMPLATE_PATH = ROOT / "dg-core" / "assets" / "chat_template.jinja"
 OUT = ROOT / "tests" / "fixtures" / "goldens" / "tokenize.json"
 
 TEMPLATE = TEMPLATE_PATH.read_text(encoding="utf-8")

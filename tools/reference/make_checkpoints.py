@@ -50,7 +50,7 @@ import fixture_tokenizer  # noqa: E402
 
 ROOT = HERE.parents[1]
 MODELS = ROOT / "tests" / "fixtures" / "models"
-CHAT_TEMPLATE_ASSET = HERE / "assets" / "chat_template.jinja"
+CHAT_TEMPLATE_ASSET = HERE.parents[1] / "dg-core" / "assets" / "chat_template.jinja"
 
 GROUP_SIZE = 64
 DEFAULT_BITS = 4
@@ -420,10 +420,10 @@ def processor_config() -> dict:
 
 
 def chat_template() -> str:
-    """The real DiffusionGemma (Gemma 4) template, fetched by another helper into assets/ (see
-    assets/SOURCE.md), copied byte for byte."""
+    """The real DiffusionGemma (Gemma 4) template, byte for byte (dg-core/assets/SOURCE.md says
+    where it comes from; dg-core's Rust checkpoint writer embeds the same file)."""
     if not CHAT_TEMPLATE_ASSET.is_file():
-        raise FileNotFoundError(f"{CHAT_TEMPLATE_ASSET} is missing (see assets/SOURCE.md)")
+        raise FileNotFoundError(f"{CHAT_TEMPLATE_ASSET} is missing (see dg-core/assets/SOURCE.md)")
     return CHAT_TEMPLATE_ASSET.read_text(encoding="utf-8")
 
 
