@@ -7,6 +7,10 @@
 //! Throughput: the one-row cases (memory-bound) report bytes of weights read (packed + scales +
 //! biases) per second; the others report multiply-adds x 2 as "elements" (= FLOP/s).
 //!
+//! `dram_*` cases rotate one-row products through enough distinct matrices (>= 128 MB in all)
+//! that each is evicted from the last-level cache before it is read again: the DRAM-resident
+//! weight stream of decoding, on 1 thread and on the default pool.
+//!
 //! Weights are random bits with random scales/biases (the kernels' speed does not depend on
 //! the values). The expert case uses all 128 experts of the real layer (254 MB of 4-bit
 //! gate_up weights, 127 MB down) and 256 tokens x top-8 routes drawn uniformly.
@@ -148,6 +152,42 @@ fn linears(c: &mut Criterion) {
     g.finish();
 }
 
+/// One-row `x @ W^T` with DRAM-resident weights: each iteration multiplies by the next of
+/// `count` distinct matrices (>= 128 MB together, four times the 32 MB L3).
+fn dram(c: &mut Criterion) {
+    let mut rng = Rng(0x94D0_49BB_1331_11EB);
+    let mut g = c.benchmark_group("quant");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    for (name, rows, cols, bits) in [
+        ("dram_head_4b", 16384usize, 2816usize, 4u32),
+        ("dram_q_proj_8b", 4096, 2816, 8),
+    ] {
+        let one = Weights::random(&mut rng, 1, rows, cols, bits);
+        let bytes = one.matrix().bytes();
+        let count = (128usize << 20).div_ceil(bytes);
+        let mut all = vec![one];
+        all.extend((1..count).map(|_| Weights::random(&mut rng, 1, rows, cols, bits)));
+        let qs: Vec<QMatrix<'_>> = all.iter().map(Weights::matrix).collect();
+        let x = random_x(&mut rng, cols);
+        let mut out = vec![0.0f32; rows];
+        g.throughput(Throughput::Bytes(bytes as u64));
+        for threads in [Some(1), None] {
+            let pool = dg_quant::pool::build(threads).unwrap();
+            let id = format!("t{}", pool.current_num_threads());
+            let mut at = 0;
+            g.bench_function(BenchmarkId::new(name, id), |b| {
+                b.iter(|| {
+                    at = (at + 1) % qs.len();
+                    pool.install(|| dg_quant::matmul_t(&x, 1, &qs[at], &mut out).unwrap())
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 /// MoE experts: 256 tokens x top-8 of 128 experts, `gate_up` (2816 -> 1408) and `down`
 /// (704 -> 2816), 4-bit.
 fn experts(c: &mut Criterion) {
@@ -213,5 +253,5 @@ fn dense(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(quant, linears, experts, dense);
+criterion_group!(quant, dram, linears, experts, dense);
 criterion_main!(quant);

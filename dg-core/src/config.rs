@@ -427,14 +427,14 @@ impl ModelConfig {
         }
         for lt in [LayerType::SlidingAttention, LayerType::FullAttention] {
             let kv = t.kv_heads_of(lt);
-            if kv == 0 || t.num_attention_heads % kv != 0 {
+            if kv == 0 || !t.num_attention_heads.is_multiple_of(kv) {
                 return Err(format!(
                     "text_config.num_attention_heads ({}) is not a multiple of the {lt:?} key/value heads ({kv})",
                     t.num_attention_heads
                 ));
             }
             let hd = t.head_dim_of(lt);
-            if hd % 2 != 0 {
+            if !hd.is_multiple_of(2) {
                 return Err(format!("{lt:?} head dim {hd} is odd"));
             }
             let rope = t.rope(lt);

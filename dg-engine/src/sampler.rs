@@ -78,7 +78,7 @@ use crate::rng::Rng;
 
 /// Checks `[rows, vocab]` logits and returns `rows`.
 fn rows_of(logits: &[f32], vocab: usize, name: &'static str) -> Result<usize> {
-    if vocab == 0 || logits.len() % vocab != 0 {
+    if vocab == 0 || !logits.len().is_multiple_of(vocab) {
         return Err(EngineError::Shape {
             name,
             reason: format!(
@@ -92,7 +92,7 @@ fn rows_of(logits: &[f32], vocab: usize, name: &'static str) -> Result<usize> {
 
 /// Checks that `[batch, canvas_len]` per-position arrays have whole rows.
 fn check_canvas(len: usize, canvas_len: usize, name: &'static str) -> Result<()> {
-    if canvas_len == 0 || len % canvas_len != 0 {
+    if canvas_len == 0 || !len.is_multiple_of(canvas_len) {
         return Err(EngineError::Shape {
             name,
             reason: format!("{len} values are not whole canvases of length {canvas_len}"),

@@ -48,7 +48,7 @@ impl QuantSpec {
 
     /// Checks that `cols` is a whole number of groups.
     pub(crate) fn check_cols(&self, what: &'static str, cols: usize) -> Result<(), QuantError> {
-        if cols % self.group_size != 0 {
+        if !cols.is_multiple_of(self.group_size) {
             return Err(QuantError::Width {
                 what,
                 cols,

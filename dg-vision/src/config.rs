@@ -98,7 +98,7 @@ impl VisionConfig {
                 return Err(bad(field, "must be positive".into()));
             }
         }
-        if self.head_dim % 4 != 0 {
+        if !self.head_dim.is_multiple_of(4) {
             // The reference's 2-D RoPE splits the head into two halves of 2*(head_dim/4)
             // channels; any other head_dim loses channels and crashes in its attention.
             return Err(bad(
@@ -106,7 +106,10 @@ impl VisionConfig {
                 format!("{} is not a multiple of 4", self.head_dim),
             ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(bad(
                 "num_key_value_heads",
                 format!(

@@ -275,7 +275,11 @@ impl VisionTower {
         if rgb.len() != height * width * 3 {
             return Err(shape_err(format!("pixel buffer holds {} bytes", rgb.len())));
         }
-        if height == 0 || width == 0 || height % (p * k) != 0 || width % (p * k) != 0 {
+        if height == 0
+            || width == 0
+            || !height.is_multiple_of(p * k)
+            || !width.is_multiple_of(p * k)
+        {
             return Err(shape_err(format!(
                 "sides must be positive multiples of patch_size * pooling_kernel_size = {}",
                 p * k

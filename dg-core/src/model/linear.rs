@@ -30,7 +30,9 @@ pub fn resolve_storage(
     };
     let entry: Option<QuantEntry> = match q.modules.get(path) {
         Some(explicit) => *explicit,
-        None if weight_elems % 64 == 0 && ck.contains(&format!("{path}.scales")) => q.default,
+        None if weight_elems.is_multiple_of(64) && ck.contains(&format!("{path}.scales")) => {
+            q.default
+        }
         None => None,
     };
     match entry {
@@ -68,7 +70,8 @@ impl QuantizedWeights {
             path: ck.dir().to_owned(),
             reason,
         };
-        if cols % spec.group_size != 0 || (cols * spec.bits as usize) % 32 != 0 {
+        if !cols.is_multiple_of(spec.group_size) || !(cols * spec.bits as usize).is_multiple_of(32)
+        {
             return Err(bad(format!(
                 "input width {cols} does not fit {}-bit groups of {}",
                 spec.bits, spec.group_size

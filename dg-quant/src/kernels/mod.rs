@@ -9,23 +9,51 @@ pub mod gemm;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_64_avx512;
 
-/// Whether the AVX2 + FMA kernels run: the CPU has them and `DG_QUANT_FORCE_SCALAR` is not
-/// set (a debugging and testing switch: `DG_QUANT_FORCE_SCALAR=1 cargo test -p dg-quant`
-/// runs every test on the portable kernels).
+/// The widest SIMD the kernels use on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Portable kernels (`scalar.rs`).
+    Scalar,
+    /// AVX2 + FMA (`x86_64.rs`).
+    Avx2,
+    /// AVX-512F/BW/VL for the fused dot products (`x86_64_avx512.rs`), AVX2 elsewhere.
+    Avx512,
+}
+
+/// The kernel level: the best the CPU has, capped by two debugging and testing switches:
+/// `DG_QUANT_FORCE_SCALAR=1` runs every kernel on the portable path,
+/// `DG_QUANT_FORCE_AVX2=1` keeps AVX-512 off (e.g. `DG_QUANT_FORCE_AVX2=1 cargo test -p
+/// dg-quant`).
+#[inline]
+pub fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let set = |v: &str| std::env::var_os(v).is_some_and(|s| !s.is_empty() && s != "0");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if set("DG_QUANT_FORCE_SCALAR") || !x86_64::available() {
+                Level::Scalar
+            } else if set("DG_QUANT_FORCE_AVX2") || !x86_64_avx512::available() {
+                Level::Avx2
+            } else {
+                Level::Avx512
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = set;
+            Level::Scalar
+        }
+    })
+}
+
+/// Whether the AVX2 + FMA kernels (or wider) run.
 #[inline]
 pub fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static SIMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *SIMD.get_or_init(|| {
-            x86_64::available() && std::env::var_os("DG_QUANT_FORCE_SCALAR").is_none()
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    level() >= Level::Avx2
 }
 
 /// One dequantized row (bit-identical on every path).
@@ -49,25 +77,85 @@ fn simd_dot(spec: QuantSpec) -> bool {
     cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && has_avx2_fma()
 }
 
+/// Whether the fused dot products of this spec run the AVX-512 kernels: 4-bit weights only.
+/// The 8-bit AVX-512 kernel (tested, kept) decodes faster from cache but streams DRAM-resident
+/// weights slower than the AVX2 one on Zen 4 (measured 11-14 vs 16-18 GB/s on one thread),
+/// and the 1-row product is DRAM-bound at real sizes.
+fn avx512_dot(spec: QuantSpec) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level() == Level::Avx512
+            && spec.bits == 4
+            && x86_64_avx512::supports(spec.bits, spec.group_size)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = spec;
+        false
+    }
+}
+
 /// One activation row in the form the fused dot-product kernels consume: its group sums and
-/// its elements in the kernel's order (built once, reused for every weight row).
+/// its elements in the kernel's order (built once, reused for every weight row), starting on
+/// a 64-byte boundary (whole-cache-line vector loads).
 pub struct PreparedX {
-    x: Vec<f32>,
+    buf: Vec<f32>,
+    off: usize,
+    len: usize,
+    cols: usize,
     sums: Vec<f32>,
+}
+
+impl PreparedX {
+    /// The elements in kernel order (`len` of them; may be zero-padded past `cols`).
+    fn x(&self) -> &[f32] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// A zeroed f32 buffer of `len` elements at a 64-byte boundary: (storage, offset).
+fn aligned_zeros(len: usize) -> (Vec<f32>, usize) {
+    let buf = vec![0.0f32; len + 16];
+    let off = buf.as_ptr().align_offset(64).min(16);
+    (buf, off)
 }
 
 /// Prepares `x` (one row of `W.cols` elements) for `dot_rows` with weights of `spec`.
 pub fn prepare_x(x: &[f32], spec: QuantSpec) -> PreparedX {
-    let mut sums = vec![0.0f32; x.len() / spec.group_size];
+    let cols = x.len();
+    let mut sums = vec![0.0f32; cols / spec.group_size];
     scalar::group_sums(x, spec.group_size, &mut sums);
     #[cfg(target_arch = "x86_64")]
-    if spec.bits == 4 && simd_dot(spec) {
-        let mut xp = vec![0.0f32; x.len()];
-        x86_64::permute_x_4bit(x, &mut xp);
-        return PreparedX { x: xp, sums };
+    if avx512_dot(spec) {
+        let len = x86_64_avx512::permuted_len(cols, spec.bits);
+        let (mut buf, off) = aligned_zeros(len);
+        x86_64_avx512::permute_x(x, spec.bits, &mut buf[off..off + len]);
+        return PreparedX {
+            buf,
+            off,
+            len,
+            cols,
+            sums,
+        };
     }
+    let (mut buf, off) = aligned_zeros(cols);
+    #[cfg(target_arch = "x86_64")]
+    if spec.bits == 4 && simd_dot(spec) {
+        x86_64::permute_x_4bit(x, &mut buf[off..off + cols]);
+        return PreparedX {
+            buf,
+            off,
+            len: cols,
+            cols,
+            sums,
+        };
+    }
+    buf[off..off + cols].copy_from_slice(x);
     PreparedX {
-        x: x.to_vec(),
+        buf,
+        off,
+        len: cols,
+        cols,
         sums,
     }
 }
@@ -83,9 +171,23 @@ pub fn dot_rows(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if avx512_dot(spec) {
+        return x86_64_avx512::dot_rows(
+            x.x(),
+            &x.sums,
+            x.cols,
+            words,
+            scales,
+            biases,
+            spec.bits,
+            spec.group_size,
+            out,
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
     if simd_dot(spec) {
         return x86_64::dot_rows(
-            &x.x,
+            x.x(),
             &x.sums,
             words,
             scales,
@@ -95,12 +197,12 @@ pub fn dot_rows(
             out,
         );
     }
-    let cols = x.x.len();
+    let cols = x.cols;
     let wpr = spec.words_per_row(cols);
     let gpr = cols / spec.group_size;
     for (i, o) in out.iter_mut().enumerate() {
         *o = scalar::dot_row(
-            &x.x,
+            x.x(),
             &x.sums,
             &words[i * wpr..(i + 1) * wpr],
             &scales[i * gpr..(i + 1) * gpr],
@@ -123,10 +225,23 @@ pub fn dot_rows2(
     out_b: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if avx512_dot(spec) {
+        return x86_64_avx512::dot_rows_n(
+            &[(xa.x(), &xa.sums), (xb.x(), &xb.sums)],
+            xa.cols,
+            words,
+            scales,
+            biases,
+            spec.bits,
+            spec.group_size,
+            [out_a, out_b],
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
     if simd_dot(spec) {
         return x86_64::dot_rows2(
-            (&xa.x, &xa.sums),
-            (&xb.x, &xb.sums),
+            (xa.x(), &xa.sums),
+            (xb.x(), &xb.sums),
             words,
             scales,
             biases,

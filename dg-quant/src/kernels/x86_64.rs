@@ -62,7 +62,7 @@ pub fn dequant_row(
         "x86_64::dequant_row: unsupported"
     );
     assert!(
-        group_size % 32 == 0 && out.len() % group_size == 0,
+        group_size.is_multiple_of(32) && out.len().is_multiple_of(group_size),
         "x86_64::dequant_row: bad group"
     );
     let groups = out.len() / group_size;
@@ -176,7 +176,7 @@ pub fn dot_rows(
     );
     let cols = x.len();
     assert!(
-        group_size % 32 == 0 && cols % group_size == 0,
+        group_size.is_multiple_of(32) && cols.is_multiple_of(group_size),
         "x86_64::dot_rows: bad group"
     );
     let (wpr, gpr) = (cols * bits as usize / 32, cols / group_size);
@@ -226,7 +226,7 @@ pub fn dot_rows2(
     );
     let cols = xa.len();
     assert!(
-        xb.len() == cols && group_size % 32 == 0 && cols % group_size == 0,
+        xb.len() == cols && group_size.is_multiple_of(32) && cols % group_size == 0,
         "x86_64::dot_rows2: bad shape"
     );
     let (wpr, gpr) = (cols * bits as usize / 32, cols / group_size);
@@ -600,7 +600,7 @@ pub fn tiles(
     load: bool,
 ) {
     assert!(
-        available() && m8 % 8 == 0 && m8 <= ldx && kc <= ldw && m8 <= ldc,
+        available() && m8.is_multiple_of(8) && m8 <= ldx && kc <= ldw && m8 <= ldc,
         "x86_64::tiles: bad layout"
     );
     if kc == 0 || m8 == 0 || nr == 0 {
@@ -729,7 +729,7 @@ pub fn tiles_n(
     load: bool,
 ) {
     assert!(
-        available() && ncols % 16 == 0 && kc <= ldx && ncols <= ldw && ncols <= ldp,
+        available() && ncols.is_multiple_of(16) && kc <= ldx && ncols <= ldw && ncols <= ldp,
         "x86_64::tiles_n: bad layout"
     );
     if m == 0 || ncols == 0 {
