@@ -77,16 +77,12 @@ fn simd_dot(spec: QuantSpec) -> bool {
     cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && has_avx2_fma()
 }
 
-/// Whether the fused dot products of this spec run the AVX-512 kernels: 4-bit weights only.
-/// The 8-bit AVX-512 kernel (tested, kept) decodes faster from cache but streams DRAM-resident
-/// weights slower than the AVX2 one on Zen 4 (measured 11-14 vs 16-18 GB/s on one thread),
-/// and the 1-row product is DRAM-bound at real sizes.
+/// Whether the fused dot products of this spec run the AVX-512 kernels (4-bit weights only,
+/// see `x86_64_avx512::supports`).
 fn avx512_dot(spec: QuantSpec) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        level() == Level::Avx512
-            && spec.bits == 4
-            && x86_64_avx512::supports(spec.bits, spec.group_size)
+        level() == Level::Avx512 && x86_64_avx512::supports(spec.bits, spec.group_size)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -15,7 +15,7 @@
 //! weight rows (`R = 4` rows per pass with one x row) and from prefetching the next pass's rows
 //! in address order (four interleaved row streams defeat the hardware prefetchers from DRAM).
 //! 4-bit: ~20 G weights/s per core from L2 (AVX2: 14-17). The 8-bit kernel streams DRAM
-//! slower than the AVX2 one, so the dispatcher uses it for 4 bits only (see `mod.rs`).
+//! slower than the AVX2 one, so only 4 bits are built (see `supports`).
 
 use std::arch::x86_64::*;
 
@@ -35,14 +35,16 @@ fn block_elems(bits: u32) -> usize {
     512 / bits as usize
 }
 
-/// Whether these kernels handle `bits` / `group_size` (a block holds whole groups, or a group
-/// whole blocks).
+/// Whether these kernels handle `bits` / `group_size`: 4-bit weights (an 8-bit instance of
+/// `block` decoded faster from cache but streamed DRAM-resident weights slower than the AVX2
+/// kernel, 11-14 vs 16-18 GB/s on one thread, so it is not built), groups where a block holds
+/// whole groups or a group whole blocks.
 pub fn supports(bits: u32, group_size: usize) -> bool {
-    let b = match bits {
-        4 | 8 => block_elems(bits),
-        _ => return false,
-    };
-    group_size.is_multiple_of(32) && (b % group_size == 0 || group_size.is_multiple_of(b))
+    if bits != 4 {
+        return false;
+    }
+    let b = block_elems(bits);
+    group_size.is_multiple_of(32) && (b.is_multiple_of(group_size) || group_size.is_multiple_of(b))
 }
 
 /// Length of a permuted x row of `cols` elements: whole blocks, zero-padded.
@@ -57,7 +59,7 @@ pub fn permute_x(x: &[f32], bits: u32, out: &mut [f32]) {
     let b = block_elems(bits);
     let per = b / 16;
     assert!(
-        matches!(bits, 4 | 8) && out.len() == permuted_len(x.len(), bits),
+        bits == 4 && out.len() == permuted_len(x.len(), bits),
         "x86_64_avx512::permute_x: bad shape"
     );
     out.fill(0.0);
@@ -173,13 +175,7 @@ pub fn dot_rows_n<const N: usize>(
             // SAFETY: the features were detected in `check`; rows i..i+$r span words
             // [i*wpr, (i+$r)*wpr) and groups [i*gpr, (i+$r)*gpr), inside the checked lengths;
             // every x holds permuted_len(cols) floats and its xsum gpr sums.
-            let r = unsafe {
-                if bits == 4 {
-                    block::<N, $r, 4>(xs, cols, args, gpr, group_size)
-                } else {
-                    block::<N, $r, 8>(xs, cols, args, gpr, group_size)
-                }
-            };
+            let r = unsafe { block::<N, $r, 4>(xs, cols, args, gpr, group_size) };
             for (o, v) in outs.iter_mut().zip(r) {
                 o[i..i + $r].copy_from_slice(&v);
             }
@@ -402,7 +398,7 @@ mod tests {
             return;
         }
         let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-        for bits in [4, 8] {
+        for bits in [4] {
             for g in [32, 64, 128] {
                 let spec = QuantSpec::new(bits, g).unwrap();
                 // 3, 11 and 19 groups: the bias term's masked tail, a full 16 and a partial.
