@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
+use rayon::prelude::*;
 
 /// Deterministic xorshift for the bench data.
 struct Rng(u64);
@@ -185,7 +186,36 @@ fn dram(c: &mut Criterion) {
             });
         }
     }
+    // The yardstick, measured in the same run: the machine's read bandwidth, summing 128 MB of
+    // f32 in 26 MB slices (a 4-bit head's size) with the same pools.
+    let slice = 26usize << 20;
+    let data: Vec<f32> = (0..(128usize << 20) / 4).map(|i| i as f32).collect();
+    let slices: Vec<&[f32]> = data.chunks(slice / 4).collect();
+    g.throughput(Throughput::Bytes(slice as u64));
+    for threads in [Some(1), None] {
+        let pool = dg_quant::pool::build(threads).unwrap();
+        let id = format!("t{}", pool.current_num_threads());
+        let mut at = 0;
+        g.bench_function(BenchmarkId::new("dram_read_bandwidth", id), |b| {
+            b.iter(|| {
+                at = (at + 1) % (slices.len() - 1);
+                let s = slices[at];
+                pool.install(|| s.par_chunks(1 << 16).map(stream_sum).sum::<f32>())
+            })
+        });
+    }
     g.finish();
+}
+
+/// Sum with 16 independent accumulators, so the loop is bound by loads, not by add latency.
+fn stream_sum(v: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    for c in v.chunks_exact(16) {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum()
 }
 
 /// MoE experts: 256 tokens x top-8 of 128 experts, `gate_up` (2816 -> 1408) and `down`
