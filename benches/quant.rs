@@ -221,7 +221,7 @@ fn stream_sum(v: &[f32]) -> f32 {
 /// MoE experts: 256 tokens x top-8 of 128 experts, `gate_up` (2816 -> 1408) and `down`
 /// (704 -> 2816), 4-bit.
 fn experts(c: &mut Criterion) {
-    let pool = dg_quant::pool::build(None).unwrap();
+    let pools = [Some(1), None].map(|t| dg_quant::pool::build(t).unwrap());
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
     let (tokens, top_k, n_experts) = (256usize, 8usize, 128usize);
     // Distinct experts per token, uniformly drawn.
@@ -256,13 +256,16 @@ fn experts(c: &mut Criterion) {
         };
         let mut out = vec![0.0f32; pairs.len() * rows];
         g.throughput(Throughput::Elements((2 * pairs.len() * rows * cols) as u64));
-        g.bench_function(BenchmarkId::new(name, pairs.len()), |b| {
-            b.iter(|| {
-                pool.install(|| {
-                    dg_quant::gather_matmul_t(&x, x_rows, &e, &pairs, &mut out).unwrap()
+        for pool in &pools {
+            let id = format!("{}/t{}", pairs.len(), pool.current_num_threads());
+            g.bench_function(BenchmarkId::new(name, id), |b| {
+                b.iter(|| {
+                    pool.install(|| {
+                        dg_quant::gather_matmul_t(&x, x_rows, &e, &pairs, &mut out).unwrap()
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     g.finish();
 }

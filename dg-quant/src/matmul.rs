@@ -222,6 +222,72 @@ fn matmul_t_tiled(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: b
     }
 }
 
+/// Weight rows per panel of the unpacked path (two 16-lane register columns).
+const UNPACKED_PANEL_ROWS: usize = 32;
+/// Reduction chunk of the unpacked path: a `[128, 32]` f32 panel chunk (16 KB) and the
+/// matching activation columns stay in L1.
+const UNPACKED_KC: usize = 128;
+
+/// Unpacked path (AVX-512, 4-bit): each task takes `UNPACKED_PANEL_ROWS` weight rows and, a
+/// `UNPACKED_KC`-column chunk at a time, transposes their quantized values into a `[kc, 32]`
+/// f32 panel and runs 6-row x 32-column register tiles over it with `x` broadcast, so any `m`
+/// runs without padding rows; each group's scale and bias apply to the partial sums (as in the
+/// fused kernels).
+fn matmul_t_unpacked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
+    const P: usize = UNPACKED_PANEL_ROWS;
+    let (k, gs) = (w.cols, w.spec.group_size);
+    let groups = k / gs;
+    let kc = (UNPACKED_KC.max(gs) / gs * gs).min(k);
+    let wpr = w.spec.words_per_row(k);
+    let mut xsum = vec![0.0f32; m * groups];
+    for (xr, sr) in x.chunks_exact(k).zip(xsum.chunks_exact_mut(groups)) {
+        kernels::scalar::group_sums(xr, gs, sr);
+    }
+    let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
+        let (r0, nr) = (panel.start(), panel.width());
+        let rows = w.row_slice(r0, r0 + nr);
+        // The next panel's packed rows, pulled toward the cache a slice per chunk.
+        let next = w.row_slice((r0 + P).min(w.rows), (r0 + 2 * P).min(w.rows));
+        let chunks = k.div_ceil(kc);
+        with_buffer(kc * P + 2 * groups * P + m * P, |buf| {
+            let (q, rest) = buf.split_at_mut(kc * P);
+            let (s, rest) = rest.split_at_mut(groups * P);
+            let (b, ct) = rest.split_at_mut(groups * P);
+            // Columns past nr are zero (scales and biases too), so they add nothing.
+            if nr < P {
+                q.fill(0.0);
+                s.fill(0.0);
+                b.fill(0.0);
+            }
+            kernels::params_t(rows.scales, groups, nr, groups, s, P);
+            kernels::params_t(rows.biases, groups, nr, groups, b, P);
+            for (ci, k0) in (0..k).step_by(kc).enumerate() {
+                let (len, step) = (next.packed.len(), next.packed.len().div_ceil(chunks));
+                kernels::prefetch(&next.packed[(ci * step).min(len)..((ci + 1) * step).min(len)]);
+                let kn = kc.min(k - k0);
+                let w0 = k0 * w.spec.bits as usize / 32;
+                kernels::unpack_rows_t(&rows.packed[w0..], wpr, w.spec, nr, kn, q, P);
+                let g0 = k0 / gs;
+                let params = kernels::GroupParams {
+                    scales: &s[g0 * P..],
+                    biases: &b[g0 * P..],
+                    xsum: &xsum[g0..],
+                    ldxs: groups,
+                };
+                kernels::tiles_q(kn, gs, &x[k0..], k, m, q, P, P, params, ct, P, k0 > 0);
+            }
+            for (i, c) in ct.chunks_exact(P).enumerate() {
+                panel.row_mut(i).copy_from_slice(&c[..nr]);
+            }
+        });
+    };
+    if parallel {
+        par_column_panels(out, m, w.rows, P, |mut p| task(&mut p));
+    } else {
+        kernels::gemm::seq_column_panels(out, m, w.rows, P, |mut p| task(&mut p));
+    }
+}
+
 /// Dequantizes rows `r0..r1` of `w` into `buf [(r1 - r0), cols]`.
 fn dequant_rows(w: &QMatrix, r0: usize, r1: usize, buf: &mut [f32]) {
     for (r, row) in (r0..r1).zip(buf.chunks_exact_mut(w.cols)) {
@@ -447,46 +513,43 @@ pub fn gather_matmul_t(
         .filter(|(_, ps)| !ps.is_empty())
         .map(|(e, ps)| (e, ps.as_slice()))
         .collect();
-    // Results in expert order, in a reused buffer (one slice per expert), then scattered.
-    with_buffer(pairs.len() * n, |sorted| {
-        let mut slots = Vec::with_capacity(work.len());
-        let mut rest = &mut sorted[..];
-        for &(e, ps) in &work {
-            let (mine, tail) = rest.split_at_mut(ps.len() * n);
-            slots.push((e, ps, mine));
-            rest = tail;
+    // Each expert's task owns its pairs' output rows (disjoint: a pair has one expert).
+    let mut out_rows: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(n).map(Some).collect();
+    let slots: Vec<_> = work
+        .iter()
+        .map(|&(e, ps)| {
+            let rows: Vec<&mut [f32]> = ps.iter().filter_map(|&p| out_rows[p].take()).collect();
+            (e, ps, rows)
+        })
+        .collect();
+    slots.into_par_iter().try_for_each(|(e, ps, mut rows)| {
+        let w = experts.expert(e)?;
+        let m = ps.len();
+        if k == 0 {
+            rows.iter_mut().for_each(|r| r.fill(0.0));
+            return Ok(());
         }
-        slots.into_par_iter().try_for_each(|(e, ps, res)| {
-            let w = experts.expert(e)?;
-            let m = ps.len();
-            if k == 0 {
-                res.fill(0.0);
-                return Ok(());
+        with_buffer(m * k + m * n, |buf| {
+            let (xs, res) = buf.split_at_mut(m * k);
+            for (dst, &p) in xs.chunks_exact_mut(k).zip(ps) {
+                let r = pairs[p].0;
+                dst.copy_from_slice(&x[r * k..(r + 1) * k]);
             }
-            with_buffer(m * k, |xs| {
-                for (dst, &p) in xs.chunks_exact_mut(k).zip(ps) {
-                    let r = pairs[p].0;
-                    dst.copy_from_slice(&x[r * k..(r + 1) * k]);
-                }
-                // One expert is one task: its panels run sequentially on this thread.
-                if m <= FUSED_MAX_M {
-                    matmul_t_fused(xs, m, &w, res, false);
-                } else if m <= TILED_MAX_M {
-                    matmul_t_tiled(xs, m, &w, res, false);
-                } else {
-                    matmul_t_panels(xs, m, &w, res, false);
-                }
-            });
-            Ok::<(), QuantError>(())
-        })?;
-        let mut at = 0;
-        for &(_, ps) in &work {
-            for &p in ps {
-                out[p * n..(p + 1) * n].copy_from_slice(&sorted[at..at + n]);
-                at += n;
+            // One expert is one task: its panels run sequentially on this thread.
+            if m <= FUSED_MAX_M {
+                matmul_t_fused(xs, m, &w, res, false);
+            } else if m <= TILED_MAX_M && kernels::unpacked_panels(w.spec) {
+                matmul_t_unpacked(xs, m, &w, res, false);
+            } else if m <= TILED_MAX_M {
+                matmul_t_tiled(xs, m, &w, res, false);
+            } else {
+                matmul_t_panels(xs, m, &w, res, false);
             }
-        }
-        Ok(())
+            for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
+                row.copy_from_slice(r);
+            }
+        });
+        Ok::<(), QuantError>(())
     })
 }
 

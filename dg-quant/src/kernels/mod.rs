@@ -72,6 +72,87 @@ pub fn dequant_row(
     scalar::dequant_row(words, scales, biases, spec, out)
 }
 
+/// Whether the unpacked-panel kernels (`unpack_rows_t`, `tiles_q`) run in SIMD for weights of
+/// this spec (AVX-512, 4-bit); `matmul` routes to them only then.
+pub fn unpacked_panels(spec: QuantSpec) -> bool {
+    cfg!(target_arch = "x86_64") && spec.bits == 4 && level() == Level::Avx512
+}
+
+/// See `scalar::unpack_rows_t` (bit-identical on every path; SIMD lanes past `rows`, up to
+/// the next multiple of 16, are written with zeros, so `ld` must allow them).
+#[inline]
+pub fn unpack_rows_t(
+    words: &[u32],
+    stride: usize,
+    spec: QuantSpec,
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if unpacked_panels(spec) {
+        return x86_64_avx512::unpack_rows_t(words, stride, rows, cols, out, ld);
+    }
+    scalar::unpack_rows_t(words, stride, spec.bits, rows, cols, out, ld)
+}
+
+/// See `scalar::params_t` (bit-identical on every path; SIMD lanes past `rows`, up to the
+/// next multiple of 16, are written with zeros, so `ld` must allow them).
+#[inline]
+pub fn params_t(
+    params: &[bf16],
+    stride: usize,
+    rows: usize,
+    groups: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        return x86_64_avx512::params_t(params, stride, rows, groups, out, ld);
+    }
+    scalar::params_t(params, stride, rows, groups, out, ld)
+}
+
+/// Per-group operands of `tiles_q`: the panel's scales and biases `[groups, ld]` (f32) and
+/// the activations' group sums `[m, ldxs]`.
+#[derive(Clone, Copy)]
+pub struct GroupParams<'a> {
+    pub scales: &'a [f32],
+    pub biases: &'a [f32],
+    pub xsum: &'a [f32],
+    pub ldxs: usize,
+}
+
+/// See `scalar::tiles_q` (bit-identical on every path; `ncols` a multiple of 32).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn tiles_q(
+    cols: usize,
+    group_size: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    q: &[f32],
+    ld: usize,
+    ncols: usize,
+    params: GroupParams<'_>,
+    out: &mut [f32],
+    ldo: usize,
+    load: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        return x86_64_avx512::tiles_q(
+            cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load,
+        );
+    }
+    scalar::tiles_q(
+        cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load,
+    )
+}
+
 /// Whether the fused dot products of this width run in SIMD.
 fn simd_dot(spec: QuantSpec) -> bool {
     cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && has_avx2_fma()

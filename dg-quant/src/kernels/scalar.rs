@@ -45,6 +45,86 @@ pub fn dequant_row(
     }
 }
 
+/// The quantized fields (not dequantized) of rows `0..rows`, `cols` columns each, as a
+/// column-major panel: `out[k * ld + i] = q[i][k] as f32`; row `i`'s words start at
+/// `words[i * stride]`.
+pub fn unpack_rows_t(
+    words: &[u32],
+    stride: usize,
+    bits: u32,
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    for i in 0..rows {
+        let w = &words[i * stride..];
+        for k in 0..cols {
+            out[k * ld + i] = unpack(w, k, bits) as f32;
+        }
+    }
+}
+
+/// Per-group parameters (scales or biases) of rows `0..rows` as an f32 table with one column
+/// per row: `out[g * ld + i] = params[i * stride + g]` for `g < groups`.
+pub fn params_t(
+    params: &[bf16],
+    stride: usize,
+    rows: usize,
+    groups: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    for i in 0..rows {
+        for g in 0..groups {
+            out[g * ld + i] = params[i * stride + g].to_f32();
+        }
+    }
+}
+
+/// Register tiles over an unpacked panel (`unpack_rows_t`): for `i < m`, `c < ncols`,
+/// `out[i * ldo + c] = sum_g fma(b[g][c], xsum[i][g], fma(s[g][c], p_g, .))` in group order,
+/// starting from `out[i * ldo + c]` when `load` (else 0), where
+/// `p_g = sum_{k in g} x[i][k] * q[k][c]` (fma, in k order); `x [m, ldx]`, `q [cols, ld]`,
+/// scales and biases `[groups, ld]`, `xsum [m, ldxs]` (the group sums of `x`).
+#[allow(clippy::too_many_arguments)]
+pub fn tiles_q(
+    cols: usize,
+    group_size: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    q: &[f32],
+    ld: usize,
+    ncols: usize,
+    params: super::GroupParams<'_>,
+    out: &mut [f32],
+    ldo: usize,
+    load: bool,
+) {
+    let groups = cols / group_size;
+    let super::GroupParams {
+        scales,
+        biases,
+        xsum,
+        ldxs,
+    } = params;
+    for i in 0..m {
+        for c in 0..ncols {
+            let mut acc = if load { out[i * ldo + c] } else { 0.0 };
+            for g in 0..groups {
+                let mut p = 0.0f32;
+                for k in g * group_size..(g + 1) * group_size {
+                    p = x[i * ldx + k].mul_add(q[k * ld + c], p);
+                }
+                acc = scales[g * ld + c].mul_add(p, acc);
+                acc = biases[g * ld + c].mul_add(xsum[i * ldxs + g], acc);
+            }
+            out[i * ldo + c] = acc;
+        }
+    }
+}
+
 /// Per-group sums of `x` (the bias term of the fused dot product).
 pub fn group_sums(x: &[f32], group_size: usize, out: &mut [f32]) {
     for (o, chunk) in out.iter_mut().zip(x.chunks_exact(group_size)) {

@@ -351,6 +351,375 @@ unsafe fn block<const N: usize, const R: usize, const BITS: u32>(
     }
 }
 
+/// `scalar::unpack_rows_t` for 4-bit weights (bit-identical), sixteen rows at a time: 64 bytes
+/// of each row are transposed in registers (16 x 16 dwords), so each shift/mask/convert of a
+/// word vector yields one `k` of the panel for all sixteen rows. Panel lanes of the rows past
+/// `rows`, up to the next multiple of 16, are written with zeros: `ld` must allow them.
+pub fn unpack_rows_t(
+    words: &[u32],
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    assert!(
+        available() && cols.is_multiple_of(8),
+        "x86_64_avx512::unpack_rows_t: unsupported"
+    );
+    let wpr = cols / 8;
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        wpr <= stride && words.len() >= (rows - 1) * stride + wpr,
+        "x86_64_avx512::unpack_rows_t: short words"
+    );
+    let lanes = rows.div_ceil(16) * 16;
+    assert!(
+        ld >= lanes && out.len() >= (cols - 1) * ld + lanes,
+        "x86_64_avx512::unpack_rows_t: short panel"
+    );
+    for i0 in (0..rows).step_by(16) {
+        // SAFETY: features checked above; rows i0..i0+n hold wpr words each at `stride`
+        // (checked length); the panel holds (k, i0 + lane) for k < cols, lane < 16 (checked
+        // extent).
+        unsafe {
+            unpack_slab(
+                words.as_ptr().add(i0 * stride),
+                stride,
+                wpr,
+                (rows - i0).min(16),
+                out.as_mut_ptr().add(i0),
+                ld,
+            );
+        }
+    }
+}
+
+/// Sixteen (or `n < 16`, the rest zero) rows of `unpack_rows_t`.
+///
+/// # Safety
+/// AVX-512F available; `words` holds `n` rows of `wpr` words, `stride` words apart; `out` is
+/// writable at `k * ld + lane` for `k < 8 * wpr`, `lane < 16`.
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn unpack_slab(
+    words: *const u32,
+    stride: usize,
+    wpr: usize,
+    n: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: the caller upholds this function's contract; loads are masked to the row's
+    // words, stores stay in the described extent.
+    unsafe {
+        let field = _mm512_set1_epi32(0xF);
+        for w0 in (0..wpr).step_by(16) {
+            let nw = (wpr - w0).min(16);
+            let wmask: __mmask16 = if nw == 16 { 0xFFFF } else { (1 << nw) - 1 };
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (i, r) in r.iter_mut().enumerate().take(n) {
+                *r = _mm512_maskz_loadu_epi32(wmask, words.add(i * stride + w0) as *const i32);
+            }
+            let v = transpose_16x16(r);
+            for (w, v) in v.iter().enumerate().take(nw) {
+                let col = out.add((w0 + w) * 8 * ld);
+                macro_rules! field {
+                    ($j:literal) => {
+                        _mm512_storeu_ps(
+                            col.add($j * ld),
+                            _mm512_cvtepi32_ps(_mm512_and_si512(
+                                _mm512_srli_epi32::<{ $j * 4 }>(*v),
+                                field,
+                            )),
+                        );
+                    };
+                }
+                field!(0);
+                field!(1);
+                field!(2);
+                field!(3);
+                field!(4);
+                field!(5);
+                field!(6);
+                field!(7);
+            }
+        }
+    }
+}
+
+/// `scalar::params_t` (bit-identical): sixteen rows' bf16 parameters at a time, widened to f32
+/// and transposed in registers. Lanes past `rows`, up to the next multiple of 16, are written
+/// with zeros: `ld` must allow them.
+pub fn params_t(
+    params: &[bf16],
+    stride: usize,
+    rows: usize,
+    groups: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    assert!(available(), "x86_64_avx512::params_t: unsupported");
+    if rows == 0 || groups == 0 {
+        return;
+    }
+    assert!(
+        groups <= stride && params.len() >= (rows - 1) * stride + groups,
+        "x86_64_avx512::params_t: short parameters"
+    );
+    let lanes = rows.div_ceil(16) * 16;
+    assert!(
+        ld >= lanes && out.len() >= (groups - 1) * ld + lanes,
+        "x86_64_avx512::params_t: short table"
+    );
+    for i0 in (0..rows).step_by(16) {
+        let n = (rows - i0).min(16);
+        for g0 in (0..groups).step_by(16) {
+            let ng = (groups - g0).min(16);
+            // SAFETY: features checked above; row i0 + i (i < n) holds `groups` values at
+            // `(i0 + i) * stride` (checked length), of which the mask reads g0..g0+ng; the
+            // table holds (g, i0 + lane) for g < groups, lane < 16 (checked extent).
+            unsafe {
+                params_block(
+                    params.as_ptr().add(i0 * stride + g0),
+                    stride,
+                    n,
+                    ng,
+                    out.as_mut_ptr().add(g0 * ld + i0),
+                    ld,
+                )
+            }
+        }
+    }
+}
+
+/// One 16 x 16 block of `params_t`: `n` rows, `ng` groups.
+///
+/// # Safety
+/// AVX-512F/BW/VL available; `params` valid for `ng` values at `i * stride` for `i < n`;
+/// `out` writable at `g * ld + lane` for `g < ng`, `lane < 16`.
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn params_block(
+    params: *const bf16,
+    stride: usize,
+    n: usize,
+    ng: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: the caller upholds this function's contract; loads are masked to `ng` values.
+    unsafe {
+        let gmask: __mmask16 = if ng == 16 { 0xFFFF } else { (1 << ng) - 1 };
+        let mut r = [_mm512_setzero_si512(); 16];
+        for (i, r) in r.iter_mut().enumerate().take(n) {
+            let h = _mm256_maskz_loadu_epi16(gmask, params.add(i * stride) as *const i16);
+            // bf16 -> f32 is the 16 bits moved to the top.
+            *r = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+        }
+        let v = transpose_16x16(r);
+        for (g, v) in v.iter().enumerate().take(ng) {
+            _mm512_storeu_si512(out.add(g * ld) as *mut __m512i, *v);
+        }
+    }
+}
+
+/// Transposes 16 x 16 dwords: `out[w]` lane `i` = `r[i]` lane `w`.
+#[inline]
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+    // SAFETY: register-only intrinsics; the caller guarantees AVX-512F.
+    unsafe {
+        // Within 128-bit lanes: pairs of rows, then quadruples (t: a0 b0 a1 b1 .., u[4c + j]
+        // holds in 128-bit lane L the dwords 4L + j of rows 4c..4c+3).
+        let mut t = [_mm512_setzero_si512(); 16];
+        for a in 0..8 {
+            t[2 * a] = _mm512_unpacklo_epi32(r[2 * a], r[2 * a + 1]);
+            t[2 * a + 1] = _mm512_unpackhi_epi32(r[2 * a], r[2 * a + 1]);
+        }
+        let mut u = [_mm512_setzero_si512(); 16];
+        for c in 0..4 {
+            let (t0, t1, t2, t3) = (t[4 * c], t[4 * c + 1], t[4 * c + 2], t[4 * c + 3]);
+            u[4 * c] = _mm512_unpacklo_epi64(t0, t2);
+            u[4 * c + 1] = _mm512_unpackhi_epi64(t0, t2);
+            u[4 * c + 2] = _mm512_unpacklo_epi64(t1, t3);
+            u[4 * c + 3] = _mm512_unpackhi_epi64(t1, t3);
+        }
+        // Across 128-bit lanes: word 4L + j gathers lane L of u[j], u[4 + j], u[8 + j],
+        // u[12 + j].
+        let mut out = [_mm512_setzero_si512(); 16];
+        for j in 0..4 {
+            let p = _mm512_shuffle_i32x4::<0b10_00_10_00>(u[j], u[4 + j]);
+            let q = _mm512_shuffle_i32x4::<0b11_01_11_01>(u[j], u[4 + j]);
+            let p2 = _mm512_shuffle_i32x4::<0b10_00_10_00>(u[8 + j], u[12 + j]);
+            let q2 = _mm512_shuffle_i32x4::<0b11_01_11_01>(u[8 + j], u[12 + j]);
+            out[j] = _mm512_shuffle_i32x4::<0b10_00_10_00>(p, p2);
+            out[8 + j] = _mm512_shuffle_i32x4::<0b11_01_11_01>(p, p2);
+            out[4 + j] = _mm512_shuffle_i32x4::<0b10_00_10_00>(q, q2);
+            out[12 + j] = _mm512_shuffle_i32x4::<0b11_01_11_01>(q, q2);
+        }
+        out
+    }
+}
+
+/// Activation rows per register tile of `tiles_q` (6 x 2 partial sums + 6 x 2 accumulators).
+const TILE_Q_ROWS: usize = 6;
+
+/// `scalar::tiles_q` (bit-identical) in 6-row x 32-column register tiles: per `k`, two panel
+/// vectors against six broadcast activations; per group, the scales and the bias term.
+/// `ncols` must be a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn tiles_q(
+    cols: usize,
+    group_size: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    q: &[f32],
+    ld: usize,
+    ncols: usize,
+    params: super::GroupParams<'_>,
+    out: &mut [f32],
+    ldo: usize,
+    load: bool,
+) {
+    assert!(
+        available()
+            && group_size > 0
+            && cols.is_multiple_of(group_size)
+            && ncols.is_multiple_of(32)
+            && ncols <= ld
+            && ncols <= ldo
+            && cols <= ldx,
+        "x86_64_avx512::tiles_q: bad layout"
+    );
+    if m == 0 || ncols == 0 || cols == 0 {
+        return;
+    }
+    let groups = cols / group_size;
+    let super::GroupParams {
+        scales,
+        biases,
+        xsum,
+        ldxs,
+    } = params;
+    assert!(
+        (m - 1) * ldx + cols <= x.len()
+            && (cols - 1) * ld + ncols <= q.len()
+            && (groups - 1) * ld + ncols <= scales.len().min(biases.len())
+            && groups <= ldxs
+            && (m - 1) * ldxs + groups <= xsum.len()
+            && (m - 1) * ldo + ncols <= out.len(),
+        "x86_64_avx512::tiles_q: short operand"
+    );
+    for c in (0..ncols).step_by(32) {
+        for i in (0..m).step_by(TILE_Q_ROWS) {
+            let mr = (m - i).min(TILE_Q_ROWS);
+            let args = TileQ {
+                x: x[i * ldx..].as_ptr(),
+                ldx,
+                q: q[c..].as_ptr(),
+                ld,
+                s: scales[c..].as_ptr(),
+                b: biases[c..].as_ptr(),
+                xsum: xsum[i * ldxs..].as_ptr(),
+                ldxs,
+                groups,
+                group_size,
+                out: out[i * ldo + c..].as_mut_ptr(),
+                ldo,
+                load,
+            };
+            // SAFETY: features checked; the tile reads x rows i..i+mr (k < cols), panel,
+            // scale and bias columns c..c+32 for every k / group, xsum rows i..i+mr (groups
+            // entries each), and reads/writes out rows i..i+mr, columns c..c+32: inside the
+            // asserted extents.
+            unsafe {
+                match mr {
+                    6 => tile_q::<6>(args),
+                    5 => tile_q::<5>(args),
+                    4 => tile_q::<4>(args),
+                    3 => tile_q::<3>(args),
+                    2 => tile_q::<2>(args),
+                    _ => tile_q::<1>(args),
+                }
+            }
+        }
+    }
+}
+
+/// Operands of one `tile_q` (pointers at the tile's first row / column).
+struct TileQ {
+    x: *const f32,
+    ldx: usize,
+    q: *const f32,
+    ld: usize,
+    s: *const f32,
+    b: *const f32,
+    xsum: *const f32,
+    ldxs: usize,
+    groups: usize,
+    group_size: usize,
+    out: *mut f32,
+    ldo: usize,
+    load: bool,
+}
+
+/// One `MR x 32` tile of `tiles_q`.
+///
+/// # Safety
+/// AVX-512F available; the pointers of `t` are valid for the reads and writes described in
+/// `tiles_q` for `MR` rows and 32 columns.
+#[inline]
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_q<const MR: usize>(t: TileQ) {
+    // SAFETY: the caller upholds this function's contract.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if t.load {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm512_loadu_ps(t.out.add(i * t.ldo));
+                acc[1] = _mm512_loadu_ps(t.out.add(i * t.ldo + 16));
+            }
+        }
+        for g in 0..t.groups {
+            let mut p = [[_mm512_setzero_ps(); 2]; MR];
+            for k in g * t.group_size..(g + 1) * t.group_size {
+                let w0 = _mm512_loadu_ps(t.q.add(k * t.ld));
+                let w1 = _mm512_loadu_ps(t.q.add(k * t.ld + 16));
+                for (i, p) in p.iter_mut().enumerate() {
+                    let xb = _mm512_set1_ps(*t.x.add(i * t.ldx + k));
+                    p[0] = _mm512_fmadd_ps(xb, w0, p[0]);
+                    p[1] = _mm512_fmadd_ps(xb, w1, p[1]);
+                }
+            }
+            let s = [
+                _mm512_loadu_ps(t.s.add(g * t.ld)),
+                _mm512_loadu_ps(t.s.add(g * t.ld + 16)),
+            ];
+            let b = [
+                _mm512_loadu_ps(t.b.add(g * t.ld)),
+                _mm512_loadu_ps(t.b.add(g * t.ld + 16)),
+            ];
+            for (i, (acc, p)) in acc.iter_mut().zip(&p).enumerate() {
+                let xs = _mm512_set1_ps(*t.xsum.add(i * t.ldxs + g));
+                for v in 0..2 {
+                    acc[v] = _mm512_fmadd_ps(s[v], p[v], acc[v]);
+                    acc[v] = _mm512_fmadd_ps(b[v], xs, acc[v]);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(t.out.add(i * t.ldo), acc[0]);
+            _mm512_storeu_ps(t.out.add(i * t.ldo + 16), acc[1]);
+        }
+    }
+}
+
 /// Horizontal sum of 16 lanes in a fixed order (halves added, then the AVX2 order).
 #[inline]
 #[allow(unused_unsafe)]
