@@ -1,12 +1,16 @@
 //! Quantized matrix products (`mx.quantized_matmul`, `mx.gather_qmm`) and the plain f32 GEMM.
 //!
-//! `x [m, k] @ W^T` picks one of three strategies by the number of activation rows `m`:
+//! `x [m, k] @ W^T` picks one of these strategies by the number of activation rows `m`:
 //! - `m <= 8` (memory-bound): fused kernels read each packed weight once per pair of x rows
 //!   and never build the f32 matrix: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
-//! - `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as `dequantize`)
-//!   256-wide chunks of its weight rows and accumulates 16x6 register tiles;
-//! - `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the `gemm`
-//!   crate.
+//! - `m > 8`, 4-bit weights on AVX-512 (experts, head, embeddings): each task transposes 32
+//!   weight rows' quantized values into a k-major f32 panel, 128 columns at a time, and
+//!   broadcasts `x` against it in 6x32 register tiles (no row padding), with the same group
+//!   form of scales and biases;
+//! - otherwise `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as
+//!   `dequantize`) 256-wide chunks of its weight rows and accumulates 16x6 register tiles;
+//! - and `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the
+//!   `gemm` crate.
 //!
 //! `x @ W` (soft embeddings) dequantizes weight rows in their natural layout (16 output
 //! columns per pair of vectors) and accumulates them over the reduction axis: for `m <= 48`
@@ -76,12 +80,20 @@ fn matmul_t_unchecked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
         out.fill(0.0);
         return;
     }
+    matmul_t_strategy(x, m, w, out, true);
+}
+
+/// Runs the strategy `m` calls for (see the module docs); `parallel`: panels spread over the
+/// current pool, else run on this thread.
+fn matmul_t_strategy(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
     if m <= FUSED_MAX_M {
-        matmul_t_fused(x, m, w, out, true);
+        matmul_t_fused(x, m, w, out, parallel);
+    } else if kernels::unpacked_panels(w.spec) {
+        matmul_t_unpacked(x, m, w, out, parallel);
     } else if m <= TILED_MAX_M {
-        matmul_t_tiled(x, m, w, out, true);
+        matmul_t_tiled(x, m, w, out, parallel);
     } else {
-        matmul_t_panels(x, m, w, out, true);
+        matmul_t_panels(x, m, w, out, parallel);
     }
 }
 
@@ -536,15 +548,7 @@ pub fn gather_matmul_t(
                 dst.copy_from_slice(&x[r * k..(r + 1) * k]);
             }
             // One expert is one task: its panels run sequentially on this thread.
-            if m <= FUSED_MAX_M {
-                matmul_t_fused(xs, m, &w, res, false);
-            } else if m <= TILED_MAX_M && kernels::unpacked_panels(w.spec) {
-                matmul_t_unpacked(xs, m, &w, res, false);
-            } else if m <= TILED_MAX_M {
-                matmul_t_tiled(xs, m, &w, res, false);
-            } else {
-                matmul_t_panels(xs, m, &w, res, false);
-            }
+            matmul_t_strategy(xs, m, &w, res, false);
             for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
                 row.copy_from_slice(r);
             }

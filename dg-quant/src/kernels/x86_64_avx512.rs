@@ -861,4 +861,105 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn unpack_and_params_match_scalar() {
+        if !available() {
+            eprintln!("skipped: no AVX-512F/BW/VL");
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+        let ld = 48;
+        // Row counts around the 16-row slabs; 704 columns = 88 words (a 16-word block tail).
+        for rows in [1usize, 15, 16, 17, 33] {
+            for cols in [8usize, 64, 136, 704] {
+                let stride = cols / 8 + 3;
+                let words: Vec<u32> = (0..rows * stride).map(|_| rng.gen()).collect();
+                let mut got = vec![f32::NAN; cols * ld];
+                let mut want = got.clone();
+                unpack_rows_t(&words, stride, rows, cols, &mut got, ld);
+                scalar::unpack_rows_t(&words, stride, 4, rows, cols, &mut want, ld);
+                for k in 0..cols {
+                    for i in 0..rows.div_ceil(16) * 16 {
+                        let g = got[k * ld + i];
+                        if i < rows {
+                            assert_eq!(g.to_bits(), want[k * ld + i].to_bits(), "{rows}x{cols}");
+                        } else {
+                            assert_eq!(g, 0.0, "{rows}x{cols}: padding lane {i}");
+                        }
+                    }
+                }
+            }
+            for groups in [1usize, 11, 16, 44] {
+                let stride = groups + 2;
+                let params: Vec<bf16> = (0..rows * stride)
+                    .map(|_| bf16::from_f32(rng.gen_range(-1.0..1.0)))
+                    .collect();
+                let mut got = vec![f32::NAN; groups * ld];
+                let mut want = got.clone();
+                params_t(&params, stride, rows, groups, &mut got, ld);
+                scalar::params_t(&params, stride, rows, groups, &mut want, ld);
+                for g in 0..groups {
+                    for i in 0..rows.div_ceil(16) * 16 {
+                        let v = got[g * ld + i];
+                        if i < rows {
+                            assert_eq!(v.to_bits(), want[g * ld + i].to_bits(), "{rows}x{groups}");
+                        } else {
+                            assert_eq!(v, 0.0, "{rows}x{groups}: padding lane {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_q_match_scalar() {
+        if !available() {
+            eprintln!("skipped: no AVX-512F/BW/VL");
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+        for (cols, group_size) in [(64usize, 64usize), (128, 32), (256, 128)] {
+            let groups = cols / group_size;
+            for ncols in [32usize, 64] {
+                let (ld, ldx, ldo, ldxs) = (ncols + 16, cols + 5, ncols + 3, groups + 1);
+                let q: Vec<f32> = (0..cols * ld)
+                    .map(|_| rng.gen_range(0..16) as f32)
+                    .collect();
+                let sc: Vec<f32> = (0..groups * ld).map(|_| rng.gen_range(-0.1..0.1)).collect();
+                let bi: Vec<f32> = (0..groups * ld).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                // 1..13 rows: every tile height, and two tiles plus a tail.
+                for m in 1usize..=13 {
+                    let x: Vec<f32> = (0..m * ldx).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                    let xsum: Vec<f32> = (0..m * ldxs).map(|_| rng.gen_range(-9.0..9.0)).collect();
+                    let params = crate::kernels::GroupParams {
+                        scales: &sc,
+                        biases: &bi,
+                        xsum: &xsum,
+                        ldxs,
+                    };
+                    for load in [false, true] {
+                        let start: Vec<f32> =
+                            (0..m * ldo).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                        let (mut got, mut want) = (start.clone(), start);
+                        tiles_q(
+                            cols, group_size, &x, ldx, m, &q, ld, ncols, params, &mut got, ldo,
+                            load,
+                        );
+                        scalar::tiles_q(
+                            cols, group_size, &x, ldx, m, &q, ld, ncols, params, &mut want, ldo,
+                            load,
+                        );
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "cols {cols} g{group_size} ncols {ncols} m {m} load {load}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
