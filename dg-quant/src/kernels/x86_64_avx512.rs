@@ -419,33 +419,80 @@ unsafe fn unpack_slab(
         for w0 in (0..wpr).step_by(16) {
             let nw = (wpr - w0).min(16);
             let wmask: __mmask16 = if nw == 16 { 0xFFFF } else { (1 << nw) - 1 };
-            let mut r = [_mm512_setzero_si512(); 16];
-            for (i, r) in r.iter_mut().enumerate().take(n) {
-                *r = _mm512_maskz_loadu_epi32(wmask, words.add(i * stride + w0) as *const i32);
+            // Unrolled with literal indices (macros, not loops over a runtime count), so the
+            // 16 rows and the 16 transposed words stay in registers.
+            macro_rules! row {
+                ($i:literal) => {
+                    if $i < n {
+                        _mm512_maskz_loadu_epi32(wmask, words.add($i * stride + w0) as *const i32)
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                };
             }
-            let v = transpose_16x16(r);
-            for (w, v) in v.iter().enumerate().take(nw) {
-                let col = out.add((w0 + w) * 8 * ld);
-                macro_rules! field {
-                    ($j:literal) => {
-                        _mm512_storeu_ps(
-                            col.add($j * ld),
-                            _mm512_cvtepi32_ps(_mm512_and_si512(
-                                _mm512_srli_epi32::<{ $j * 4 }>(*v),
-                                field,
-                            )),
-                        );
-                    };
-                }
-                field!(0);
-                field!(1);
-                field!(2);
-                field!(3);
-                field!(4);
-                field!(5);
-                field!(6);
-                field!(7);
+            let v = transpose_16x16([
+                row!(0),
+                row!(1),
+                row!(2),
+                row!(3),
+                row!(4),
+                row!(5),
+                row!(6),
+                row!(7),
+                row!(8),
+                row!(9),
+                row!(10),
+                row!(11),
+                row!(12),
+                row!(13),
+                row!(14),
+                row!(15),
+            ]);
+            // Panel row 8 * (w0 + w) + j: one step of `ld` per field, words in order.
+            let mut col = out.add(w0 * 8 * ld);
+            macro_rules! word {
+                ($w:literal) => {
+                    if $w < nw {
+                        let v = v[$w];
+                        macro_rules! field {
+                            ($j:literal) => {
+                                _mm512_storeu_ps(
+                                    col,
+                                    _mm512_cvtepi32_ps(_mm512_and_si512(
+                                        _mm512_srli_epi32::<{ $j * 4 }>(v),
+                                        field,
+                                    )),
+                                );
+                                col = col.add(ld);
+                            };
+                        }
+                        field!(0);
+                        field!(1);
+                        field!(2);
+                        field!(3);
+                        field!(4);
+                        field!(5);
+                        field!(6);
+                        field!(7);
+                    }
+                };
             }
+            word!(0);
+            word!(1);
+            word!(2);
+            word!(3);
+            word!(4);
+            word!(5);
+            word!(6);
+            word!(7);
+            word!(8);
+            word!(9);
+            word!(10);
+            word!(11);
+            word!(12);
+            word!(13);
+            word!(14);
+            word!(15);
         }
     }
 }
