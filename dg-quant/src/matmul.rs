@@ -3,10 +3,10 @@
 //! `x [m, k] @ W^T` picks one of these strategies by the number of activation rows `m`:
 //! - `m <= 8` (memory-bound): fused kernels read each packed weight once per pair of x rows
 //!   and never build the f32 matrix: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
-//! - `m > 8`, 4-bit weights on AVX-512 (experts, head, embeddings): each task transposes 32
-//!   weight rows' quantized values into a k-major f32 panel, 128 columns at a time, and
-//!   broadcasts `x` against it in 6x32 register tiles (no row padding), with the same group
-//!   form of scales and biases;
+//! - `m > 8`, 4- and 8-bit weights on AVX-512 (every layer of the real model): each task
+//!   transposes 32 weight rows' quantized values into a k-major f32 panel, 128 columns at a
+//!   time, and broadcasts `x` against it in 6x32 register tiles (no row padding), with the same
+//!   group form of scales and biases;
 //! - otherwise `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as
 //!   `dequantize`) 256-wide chunks of its weight rows and accumulates 16x6 register tiles;
 //! - and `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the
@@ -240,11 +240,11 @@ const UNPACKED_PANEL_ROWS: usize = 32;
 /// matching activation columns stay in L1.
 const UNPACKED_KC: usize = 128;
 
-/// Unpacked path (AVX-512, 4-bit): each task takes `UNPACKED_PANEL_ROWS` weight rows and, a
-/// `UNPACKED_KC`-column chunk at a time, transposes their quantized values into a `[kc, 32]`
-/// f32 panel and runs 6-row x 32-column register tiles over it with `x` broadcast, so any `m`
-/// runs without padding rows; each group's scale and bias apply to the partial sums (as in the
-/// fused kernels).
+/// Unpacked path (AVX-512, 4- and 8-bit): each task takes `UNPACKED_PANEL_ROWS` weight rows
+/// and, a `UNPACKED_KC`-column chunk at a time, transposes their quantized values into a
+/// `[kc, 32]` f32 panel and runs 6-row x 32-column register tiles over it with `x` broadcast,
+/// so any `m` runs without padding rows; each group's scale and bias apply to the partial sums
+/// (as in the fused kernels).
 fn matmul_t_unpacked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
     const P: usize = UNPACKED_PANEL_ROWS;
     let (k, gs) = (w.cols, w.spec.group_size);

@@ -73,9 +73,9 @@ pub fn dequant_row(
 }
 
 /// Whether the unpacked-panel kernels (`unpack_rows_t`, `tiles_q`) run in SIMD for weights of
-/// this spec (AVX-512, 4-bit); `matmul` routes to them only then.
+/// this spec (AVX-512, 4- or 8-bit); `matmul` routes to them only then.
 pub fn unpacked_panels(spec: QuantSpec) -> bool {
-    cfg!(target_arch = "x86_64") && spec.bits == 4 && level() == Level::Avx512
+    cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && level() == Level::Avx512
 }
 
 /// See `scalar::unpack_rows_t` (bit-identical on every path; SIMD lanes past `rows`, up to
@@ -92,7 +92,7 @@ pub fn unpack_rows_t(
 ) {
     #[cfg(target_arch = "x86_64")]
     if unpacked_panels(spec) {
-        return x86_64_avx512::unpack_rows_t(words, stride, rows, cols, out, ld);
+        return x86_64_avx512::unpack_rows_t(words, stride, spec.bits, rows, cols, out, ld);
     }
     scalar::unpack_rows_t(words, stride, spec.bits, rows, cols, out, ld)
 }

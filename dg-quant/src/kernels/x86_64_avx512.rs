@@ -351,23 +351,24 @@ unsafe fn block<const N: usize, const R: usize, const BITS: u32>(
     }
 }
 
-/// `scalar::unpack_rows_t` for 4-bit weights (bit-identical), sixteen rows at a time: 64 bytes
-/// of each row are transposed in registers (16 x 16 dwords), so each shift/mask/convert of a
-/// word vector yields one `k` of the panel for all sixteen rows. Panel lanes of the rows past
+/// `scalar::unpack_rows_t` for 4- and 8-bit weights (bit-identical), sixteen rows at a time: 64
+/// bytes of each row are transposed in registers (16 x 16 dwords), so each shift/mask/convert
+/// of a word vector yields one `k` of the panel for all sixteen rows. Panel lanes of the rows past
 /// `rows`, up to the next multiple of 16, are written with zeros: `ld` must allow them.
 pub fn unpack_rows_t(
     words: &[u32],
     stride: usize,
+    bits: u32,
     rows: usize,
     cols: usize,
     out: &mut [f32],
     ld: usize,
 ) {
     assert!(
-        available() && cols.is_multiple_of(8),
+        available() && matches!(bits, 4 | 8) && cols.is_multiple_of(32 / bits as usize),
         "x86_64_avx512::unpack_rows_t: unsupported"
     );
-    let wpr = cols / 8;
+    let wpr = cols * bits as usize / 32;
     if rows == 0 || cols == 0 {
         return;
     }
@@ -385,7 +386,7 @@ pub fn unpack_rows_t(
         // (checked length); the panel holds (k, i0 + lane) for k < cols, lane < 16 (checked
         // extent).
         unsafe {
-            unpack_slab(
+            let args = (
                 words.as_ptr().add(i0 * stride),
                 stride,
                 wpr,
@@ -393,6 +394,11 @@ pub fn unpack_rows_t(
                 out.as_mut_ptr().add(i0),
                 ld,
             );
+            if bits == 4 {
+                unpack_slab::<4>(args)
+            } else {
+                unpack_slab::<8>(args)
+            }
         }
     }
 }
@@ -400,22 +406,18 @@ pub fn unpack_rows_t(
 /// Sixteen (or `n < 16`, the rest zero) rows of `unpack_rows_t`.
 ///
 /// # Safety
-/// AVX-512F available; `words` holds `n` rows of `wpr` words, `stride` words apart; `out` is
-/// writable at `k * ld + lane` for `k < 8 * wpr`, `lane < 16`.
+/// AVX-512F available; `BITS` is 4 or 8; `words` holds `n` rows of `wpr` words, `stride`
+/// words apart; `out` is writable at `k * ld + lane` for `k < 32 / BITS * wpr`, `lane < 16`.
 #[allow(unused_unsafe)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn unpack_slab(
-    words: *const u32,
-    stride: usize,
-    wpr: usize,
-    n: usize,
-    out: *mut f32,
-    ld: usize,
+unsafe fn unpack_slab<const BITS: u32>(
+    (words, stride, wpr, n, out, ld): (*const u32, usize, usize, usize, *mut f32, usize),
 ) {
     // SAFETY: the caller upholds this function's contract; loads are masked to the row's
     // words, stores stay in the described extent.
     unsafe {
-        let field = _mm512_set1_epi32(0xF);
+        let field = _mm512_set1_epi32((1 << BITS) - 1);
+        let per_word = 32 / BITS as usize;
         for w0 in (0..wpr).step_by(16) {
             let nw = (wpr - w0).min(16);
             let wmask: __mmask16 = if nw == 16 { 0xFFFF } else { (1 << nw) - 1 };
@@ -448,22 +450,26 @@ unsafe fn unpack_slab(
                 row!(14),
                 row!(15),
             ]);
-            // Panel row 8 * (w0 + w) + j: one step of `ld` per field, words in order.
-            let mut col = out.add(w0 * 8 * ld);
+            // Panel row per_word * (w0 + w) + j: one step of `ld` per field, words in order.
+            let mut col = out.add(w0 * per_word * ld);
             macro_rules! word {
                 ($w:literal) => {
                     if $w < nw {
                         let v = v[$w];
                         macro_rules! field {
                             ($j:literal) => {
-                                _mm512_storeu_ps(
-                                    col,
-                                    _mm512_cvtepi32_ps(_mm512_and_si512(
-                                        _mm512_srli_epi32::<{ $j * 4 }>(v),
-                                        field,
-                                    )),
-                                );
-                                col = col.add(ld);
+                                if $j < per_word {
+                                    let shifted = if BITS == 4 {
+                                        _mm512_srli_epi32::<{ $j * 4 }>(v)
+                                    } else {
+                                        _mm512_srli_epi32::<{ ($j % 4) * 8 }>(v)
+                                    };
+                                    _mm512_storeu_ps(
+                                        col,
+                                        _mm512_cvtepi32_ps(_mm512_and_si512(shifted, field)),
+                                    );
+                                    col = col.add(ld);
+                                }
                             };
                         }
                         field!(0);
@@ -919,18 +925,30 @@ mod tests {
         let ld = 48;
         // Row counts around the 16-row slabs; 704 columns = 88 words (a 16-word block tail).
         for rows in [1usize, 15, 16, 17, 33] {
-            for cols in [8usize, 64, 136, 704] {
-                let stride = cols / 8 + 3;
+            for (bits, cols) in [
+                (4, 8usize),
+                (4, 64),
+                (4, 136),
+                (4, 704),
+                (8, 4),
+                (8, 68),
+                (8, 352),
+            ] {
+                let stride = cols * bits as usize / 32 + 3;
                 let words: Vec<u32> = (0..rows * stride).map(|_| rng.gen()).collect();
                 let mut got = vec![f32::NAN; cols * ld];
                 let mut want = got.clone();
-                unpack_rows_t(&words, stride, rows, cols, &mut got, ld);
-                scalar::unpack_rows_t(&words, stride, 4, rows, cols, &mut want, ld);
+                unpack_rows_t(&words, stride, bits, rows, cols, &mut got, ld);
+                scalar::unpack_rows_t(&words, stride, bits, rows, cols, &mut want, ld);
                 for k in 0..cols {
                     for i in 0..rows.div_ceil(16) * 16 {
                         let g = got[k * ld + i];
                         if i < rows {
-                            assert_eq!(g.to_bits(), want[k * ld + i].to_bits(), "{rows}x{cols}");
+                            assert_eq!(
+                                g.to_bits(),
+                                want[k * ld + i].to_bits(),
+                                "{bits}b {rows}x{cols}"
+                            );
                         } else {
                             assert_eq!(g, 0.0, "{rows}x{cols}: padding lane {i}");
                         }
