@@ -18,85 +18,12 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
+use dg_quant::QMatrix;
 use rayon::prelude::*;
 
-/// Deterministic xorshift for the bench data.
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-struct Weights {
-    packed: Vec<u32>,
-    scales: Vec<bf16>,
-    biases: Vec<bf16>,
-    matrices: usize,
-    rows: usize,
-    cols: usize,
-    spec: QuantSpec,
-}
-
-impl Weights {
-    fn random(rng: &mut Rng, matrices: usize, rows: usize, cols: usize, bits: u32) -> Self {
-        let spec = QuantSpec::new(bits, 64).unwrap();
-        let n = matrices * rows;
-        let groups = n * cols / 64;
-        Weights {
-            packed: (0..n * spec.words_per_row(cols))
-                .map(|_| rng.next() as u32)
-                .collect(),
-            scales: (0..groups)
-                .map(|_| bf16::from_f32(rng.f32() * 0.01))
-                .collect(),
-            biases: (0..groups)
-                .map(|_| bf16::from_f32(rng.f32() * 0.1))
-                .collect(),
-            matrices,
-            rows,
-            cols,
-            spec,
-        }
-    }
-
-    fn matrix(&self) -> QMatrix<'_> {
-        QMatrix::new(
-            &self.packed,
-            &self.scales,
-            &self.biases,
-            self.rows,
-            self.cols,
-            self.spec,
-        )
-        .unwrap()
-    }
-
-    fn experts(&self) -> QExperts<'_> {
-        QExperts::new(
-            &self.packed,
-            &self.scales,
-            &self.biases,
-            self.matrices,
-            self.rows,
-            self.cols,
-            self.spec,
-        )
-        .unwrap()
-    }
-}
-
-fn random_x(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.f32()).collect()
-}
+use common::{random_x, stream_sum, Rng, Weights};
 
 fn config(c: &mut Criterion) -> criterion::BenchmarkGroup<'_, criterion::measurement::WallTime> {
     let mut g = c.benchmark_group("quant");
@@ -205,17 +132,6 @@ fn dram(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// Sum with 16 independent accumulators, so the loop is bound by loads, not by add latency.
-fn stream_sum(v: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    for c in v.chunks_exact(16) {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a += x;
-        }
-    }
-    acc.iter().sum()
 }
 
 /// MoE experts: 256 tokens x top-8 of 128 experts, `gate_up` (2816 -> 1408) and `down`
