@@ -380,14 +380,14 @@ pub fn unpack_rows_t(
     if rows == 0 || cols == 0 {
         return;
     }
-    assert!(
-        wpr <= stride && words.len() >= (rows - 1) * stride + wpr,
-        "x86_64_avx512::unpack_rows_t: short words"
-    );
-    let lanes = rows.div_ceil(16) * 16;
-    assert!(
-        ld >= lanes && out.len() >= (cols - 1) * ld + lanes,
-        "x86_64_avx512::unpack_rows_t: short panel"
+    let src = (words.len(), stride, wpr);
+    check_transposed(
+        "x86_64_avx512::unpack_rows_t",
+        src,
+        rows,
+        out.len(),
+        cols,
+        ld,
     );
     for i0 in (0..rows).step_by(16) {
         // SAFETY: features checked above; rows i0..i0+n hold wpr words each at `stride`
@@ -526,15 +526,8 @@ pub fn params_t(
     if rows == 0 || groups == 0 {
         return;
     }
-    assert!(
-        groups <= stride && params.len() >= (rows - 1) * stride + groups,
-        "x86_64_avx512::params_t: short parameters"
-    );
-    let lanes = rows.div_ceil(16) * 16;
-    assert!(
-        ld >= lanes && out.len() >= (groups - 1) * ld + lanes,
-        "x86_64_avx512::params_t: short table"
-    );
+    let src = (params.len(), stride, groups);
+    check_transposed("x86_64_avx512::params_t", src, rows, out.len(), groups, ld);
     for i0 in (0..rows).step_by(16) {
         let n = (rows - i0).min(16);
         for g0 in (0..groups).step_by(16) {
@@ -585,6 +578,28 @@ unsafe fn params_block(
             _mm512_storeu_si512(out.add(g * ld) as *mut __m512i, *v);
         }
     }
+}
+
+/// Checks a transposition of `rows` source rows (`src = (len, stride, items per row)`, rows
+/// `stride` apart) into `out_rows` panel rows of `ld` lanes, where the lanes of each 16-row
+/// slab are written whole (`ld` >= rows rounded up to 16). Both counts must be nonzero.
+fn check_transposed(
+    what: &str,
+    (len, stride, per_row): (usize, usize, usize),
+    rows: usize,
+    out_len: usize,
+    out_rows: usize,
+    ld: usize,
+) {
+    assert!(
+        per_row <= stride && len >= (rows - 1) * stride + per_row,
+        "{what}: short source"
+    );
+    let lanes = rows.div_ceil(16) * 16;
+    assert!(
+        ld >= lanes && out_len >= (out_rows - 1) * ld + lanes,
+        "{what}: short panel"
+    );
 }
 
 /// Transposes 16 x 16 dwords: `out[w]` lane `i` = `r[i]` lane `w`.
