@@ -692,8 +692,12 @@ pub fn tiles_q(
         "x86_64_avx512::tiles_q: short operand"
     );
     for c in (0..ncols).step_by(32) {
-        for i in (0..m).step_by(TILE_Q_ROWS) {
-            let mr = (m - i).min(TILE_Q_ROWS);
+        // Tiles of nearly equal height (13 rows: 5, 4, 4, not 6, 6, 1): a 1-row tile has two
+        // fma chains, too few to hide the fma latency.
+        let tiles = m.div_ceil(TILE_Q_ROWS);
+        let mut i = 0;
+        for t in 0..tiles {
+            let mr = (m - i).div_ceil(tiles - t);
             let args = TileQ {
                 x: x[i * ldx..].as_ptr(),
                 ldx,
@@ -723,6 +727,7 @@ pub fn tiles_q(
                     _ => tile_q::<1>(args),
                 }
             }
+            i += mr;
         }
     }
 }
