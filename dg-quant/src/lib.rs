@@ -8,8 +8,9 @@
 //!   do not depend on the thread count.
 //! - [`ops`]: small f32 operations shared by the models.
 //!
-//! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64, AVX-512 for the 4-bit
-//! fused dot products where present, a scalar reference everywhere else;
+//! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64; AVX-512 where present
+//! for the 4-bit fused dot products and the unpacked panels of 4/8-bit products beyond 8 rows;
+//! a scalar reference everywhere else;
 //! `DG_QUANT_FORCE_AVX2=1` / `DG_QUANT_FORCE_SCALAR=1` cap the level for testing).
 
 pub use half::bf16;

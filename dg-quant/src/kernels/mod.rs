@@ -19,7 +19,8 @@ pub enum Level {
     Scalar,
     /// AVX2 + FMA (`x86_64.rs`).
     Avx2,
-    /// AVX-512F/BW/VL for the fused dot products (`x86_64_avx512.rs`), AVX2 elsewhere.
+    /// AVX-512F/BW/VL for the 4-bit fused dot products and the unpacked panels
+    /// (`x86_64_avx512.rs`), AVX2 elsewhere.
     Avx512,
 }
 
