@@ -51,6 +51,10 @@ const XW_STEP: usize = 32;
 /// Output columns per block of `x @ W`: a block's dequantized weights stay in L1/L2 (a
 /// multiple of every group size).
 const XW_BLOCK_COLS: usize = 256;
+/// Columns per dequantized strip of `x @ W`: one 32-column register tile (AVX-512) or two
+/// 16-column ones (AVX2); every group size is a multiple of it, so strips never straddle the
+/// end of a row.
+const XW_STRIP: usize = 32;
 /// Rows of `W` (the reduction axis) dequantized per step of `x @ W`.
 const PANEL_DEPTH: usize = 256;
 
@@ -433,9 +437,9 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
 }
 
 /// `p[:, 0..c1-c0] (+)= xs @ W[r0..r1, c0..c1]`, where `xs[i*ldx + j] = x[i, r0 + j]` and `p`
-/// has row stride `ldp`. The weight block is dequantized into `buf` as 16-column strips (each
-/// strip's rows contiguous, so the register tiles stream it from L1), through the row buffer
-/// `tmp`.
+/// has row stride `ldp`. The weight block is dequantized into `buf` as `XW_STRIP`-column strips
+/// (each strip's rows contiguous, so the register tiles stream it from L1), through the row
+/// buffer `tmp`.
 #[allow(clippy::too_many_arguments)]
 fn xw_accumulate(
     (xs, ldx): (&[f32], usize),
@@ -451,23 +455,25 @@ fn xw_accumulate(
 ) {
     let (kc, width) = (r1 - r0, c1 - c0);
     let tmp = &mut tmp[..width];
+    const S: usize = XW_STRIP;
+    assert!(width.is_multiple_of(S), "x @ W: {width} columns are not whole strips");
     for (j, r) in (r0..r1).enumerate() {
         dequant_part(w, r, c0, c1, tmp);
-        for (b, piece) in tmp.chunks_exact(16).enumerate() {
-            let at = b * kc * 16 + j * 16;
-            buf[at..at + 16].copy_from_slice(piece);
+        for (b, piece) in tmp.chunks_exact(S).enumerate() {
+            let at = b * kc * S + j * S;
+            buf[at..at + S].copy_from_slice(piece);
         }
     }
-    for b in 0..width / 16 {
+    for b in 0..width / S {
         kernels::tiles_n(
             kc,
             xs,
             ldx,
             m,
-            &buf[b * kc * 16..(b + 1) * kc * 16],
-            16,
-            16,
-            &mut p[b * 16..],
+            &buf[b * kc * S..(b + 1) * kc * S],
+            S,
+            S,
+            &mut p[b * S..],
             ldp,
             load,
         );

@@ -371,6 +371,10 @@ pub fn tiles_n(
     load: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 && ncols.is_multiple_of(32) {
+        return x86_64_avx512::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load);
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         return x86_64::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load);
     }

@@ -801,6 +801,120 @@ unsafe fn tile_q<const MR: usize>(t: TileQ) {
     }
 }
 
+/// `scalar::tiles_n` (bit-identical) in 6-row x 32-column register tiles (rows split into
+/// tiles of nearly equal height, as in `tiles_q`); `ncols` must be a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn tiles_n(
+    kc: usize,
+    x: &[f32],
+    ldx: usize,
+    m: usize,
+    w: &[f32],
+    ldw: usize,
+    ncols: usize,
+    p: &mut [f32],
+    ldp: usize,
+    load: bool,
+) {
+    assert!(
+        available() && ncols.is_multiple_of(32) && kc <= ldx && ncols <= ldw && ncols <= ldp,
+        "x86_64_avx512::tiles_n: bad layout"
+    );
+    if m == 0 || ncols == 0 {
+        return;
+    }
+    if kc == 0 {
+        if !load {
+            for i in 0..m {
+                p[i * ldp..i * ldp + ncols].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(
+        (m - 1) * ldx + kc <= x.len()
+            && (kc - 1) * ldw + ncols <= w.len()
+            && (m - 1) * ldp + ncols <= p.len(),
+        "x86_64_avx512::tiles_n: short operand"
+    );
+    for c in (0..ncols).step_by(32) {
+        let tiles = m.div_ceil(TILE_Q_ROWS);
+        let mut i = 0;
+        for t in 0..tiles {
+            let mr = (m - i).div_ceil(tiles - t);
+            let args = (
+                kc,
+                x[i * ldx..].as_ptr(),
+                ldx,
+                w[c..].as_ptr(),
+                ldw,
+                p[i * ldp + c..].as_mut_ptr(),
+                ldp,
+                load,
+            );
+            // SAFETY: features checked; the tile reads x[(i + r) * ldx + k] (r < mr, k < kc),
+            // w[k * ldw + c .. + 32] and reads/writes p[(i + r) * ldp + c .. + 32]: inside the
+            // asserted extents (i + mr <= m, c + 32 <= ncols).
+            unsafe {
+                match mr {
+                    6 => tile_n::<6>(args),
+                    5 => tile_n::<5>(args),
+                    4 => tile_n::<4>(args),
+                    3 => tile_n::<3>(args),
+                    2 => tile_n::<2>(args),
+                    _ => tile_n::<1>(args),
+                }
+            }
+            i += mr;
+        }
+    }
+}
+
+/// One `MR x 32` tile of `tiles_n`: `(kc, x, ldx, w, ldw, p, ldp, load)`.
+///
+/// # Safety
+/// AVX-512F available; `x` valid for reads of `x[r * ldx + k]` (r < MR, k < kc), `w` of
+/// `w[k * ldw .. + 32]` (k < kc), `p` for reads/writes of `p[r * ldp .. + 32]` (r < MR).
+#[inline]
+#[allow(unused_unsafe, clippy::type_complexity)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_n<const MR: usize>(
+    (kc, x, ldx, w, ldw, p, ldp, load): (
+        usize,
+        *const f32,
+        usize,
+        *const f32,
+        usize,
+        *mut f32,
+        usize,
+        bool,
+    ),
+) {
+    // SAFETY: the caller upholds this function's contract.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if load {
+            for (r, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm512_loadu_ps(p.add(r * ldp));
+                a[1] = _mm512_loadu_ps(p.add(r * ldp + 16));
+            }
+        }
+        for k in 0..kc {
+            let w0 = _mm512_loadu_ps(w.add(k * ldw));
+            let w1 = _mm512_loadu_ps(w.add(k * ldw + 16));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xb = _mm512_set1_ps(*x.add(r * ldx + k));
+                a[0] = _mm512_fmadd_ps(xb, w0, a[0]);
+                a[1] = _mm512_fmadd_ps(xb, w1, a[1]);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(p.add(r * ldp), a[0]);
+            _mm512_storeu_ps(p.add(r * ldp + 16), a[1]);
+        }
+    }
+}
+
 /// Horizontal sum of 16 lanes in a fixed order (halves added, then the AVX2 order).
 #[inline]
 #[allow(unused_unsafe)]
@@ -1051,6 +1165,34 @@ mod tests {
                             "cols {cols} g{group_size} ncols {ncols} m {m} load {load}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_n_match_scalar() {
+        if !available() {
+            eprintln!("skipped: no AVX-512F/BW/VL");
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+        for (kc, ncols) in [(1usize, 32usize), (37, 64), (256, 96)] {
+            let (ldx, ldw, ldp) = (kc + 3, ncols + 16, ncols + 5);
+            let w: Vec<f32> = (0..kc * ldw).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for m in 1usize..=13 {
+                let x: Vec<f32> = (0..m * ldx).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                for load in [false, true] {
+                    let start: Vec<f32> = (0..m * ldp).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let (mut got, mut want) = (start.clone(), start);
+                    tiles_n(kc, &x, ldx, m, &w, ldw, ncols, &mut got, ldp, load);
+                    scalar::tiles_n(kc, &x, ldx, m, &w, ldw, ncols, &mut want, ldp, load);
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "kc {kc} ncols {ncols} m {m} load {load}"
+                    );
                 }
             }
         }
