@@ -456,7 +456,10 @@ fn xw_accumulate(
     let (kc, width) = (r1 - r0, c1 - c0);
     let tmp = &mut tmp[..width];
     const S: usize = XW_STRIP;
-    assert!(width.is_multiple_of(S), "x @ W: {width} columns are not whole strips");
+    assert!(
+        width.is_multiple_of(S),
+        "x @ W: {width} columns are not whole strips"
+    );
     for (j, r) in (r0..r1).enumerate() {
         dequant_part(w, r, c0, c1, tmp);
         for (b, piece) in tmp.chunks_exact(S).enumerate() {
