@@ -391,6 +391,40 @@ pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
     scalar::axpy(a, v, out)
 }
 
+/// The shared prologue of the SIMD `tiles_n` kernels (`strip` = their column width): checks
+/// the layout and extents, settles the cases with nothing to multiply (zeroing `p` when `kc`
+/// is 0 and not `load`), and returns whether the tiles still have to run.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tiles_n_prologue(
+    what: &str,
+    strip: usize,
+    (kc, x, ldx, m): (usize, &[f32], usize, usize),
+    (w, ldw, ncols): (&[f32], usize, usize),
+    p: &mut [f32],
+    ldp: usize,
+    load: bool,
+) -> bool {
+    assert!(
+        ncols.is_multiple_of(strip) && kc <= ldx && ncols <= ldw && ncols <= ldp,
+        "{what}: bad layout"
+    );
+    if m == 0 || ncols == 0 {
+        return false;
+    }
+    assert!((m - 1) * ldp + ncols <= p.len(), "{what}: p too short");
+    if kc == 0 {
+        if !load {
+            for i in 0..m {
+                p[i * ldp..i * ldp + ncols].fill(0.0);
+            }
+        }
+        return false;
+    }
+    assert!((m - 1) * ldx + kc <= x.len(), "{what}: x too short");
+    assert!((kc - 1) * ldw + ncols <= w.len(), "{what}: w too short");
+    true
+}
+
 /// Prefetch hint for data needed soon (no-op off x86-64).
 #[inline]
 pub fn prefetch<T>(data: &[T]) {

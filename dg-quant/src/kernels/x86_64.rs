@@ -728,33 +728,11 @@ pub fn tiles_n(
     ldp: usize,
     load: bool,
 ) {
-    assert!(
-        available() && ncols.is_multiple_of(16) && kc <= ldx && ncols <= ldw && ncols <= ldp,
-        "x86_64::tiles_n: bad layout"
-    );
-    if m == 0 || ncols == 0 {
+    assert!(available(), "x86_64::tiles_n: unsupported");
+    let (xs, ws) = ((kc, x, ldx, m), (w, ldw, ncols));
+    if !super::tiles_n_prologue("x86_64::tiles_n", 16, xs, ws, p, ldp, load) {
         return;
     }
-    if kc == 0 {
-        if !load {
-            for i in 0..m {
-                p[i * ldp..i * ldp + ncols].fill(0.0);
-            }
-        }
-        return;
-    }
-    assert!(
-        (m - 1) * ldx + kc <= x.len(),
-        "x86_64::tiles_n: x too short"
-    );
-    assert!(
-        (kc - 1) * ldw + ncols <= w.len(),
-        "x86_64::tiles_n: w too short"
-    );
-    assert!(
-        (m - 1) * ldp + ncols <= p.len(),
-        "x86_64::tiles_n: p too short"
-    );
     for c in (0..ncols).step_by(16) {
         let mut i = 0;
         while i < m {

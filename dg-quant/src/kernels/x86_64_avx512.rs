@@ -644,8 +644,9 @@ unsafe fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
 /// Activation rows per register tile of `tiles_q` (6 x 2 partial sums + 6 x 2 accumulators).
 const TILE_Q_ROWS: usize = 6;
 
-/// `scalar::tiles_q` (bit-identical) in 6-row x 32-column register tiles: per `k`, two panel
-/// vectors against six broadcast activations; per group, the scales and the bias term.
+/// `scalar::tiles_q` (bit-identical) in 6-row x 32-column register tiles (`row_tiles`): per
+/// `k`, two panel vectors against six broadcast activations; per group, the scales and the
+/// bias term.
 /// `ncols` must be a multiple of 32.
 #[allow(clippy::too_many_arguments)]
 pub fn tiles_q(
@@ -692,12 +693,7 @@ pub fn tiles_q(
         "x86_64_avx512::tiles_q: short operand"
     );
     for c in (0..ncols).step_by(32) {
-        // Tiles of nearly equal height (13 rows: 5, 4, 4, not 6, 6, 1): a 1-row tile has two
-        // fma chains, too few to hide the fma latency.
-        let tiles = m.div_ceil(TILE_Q_ROWS);
-        let mut i = 0;
-        for t in 0..tiles {
-            let mr = (m - i).div_ceil(tiles - t);
+        for (i, mr) in row_tiles(m) {
             let args = TileQ {
                 x: x[i * ldx..].as_ptr(),
                 ldx,
@@ -727,9 +723,20 @@ pub fn tiles_q(
                     _ => tile_q::<1>(args),
                 }
             }
-            i += mr;
         }
     }
+}
+
+/// `(first row, height)` of the register tiles over `m` rows: as few as `TILE_Q_ROWS` allows,
+/// of nearly equal height (13 rows: 5, 4, 4, not 6, 6, 1), since a 1-row tile has two fma
+/// chains, too few to hide the fma latency.
+fn row_tiles(m: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles = m.div_ceil(TILE_Q_ROWS);
+    (0..tiles).scan(0, move |i, t| {
+        let mr = (m - *i).div_ceil(tiles - t);
+        *i += mr;
+        Some((*i - mr, mr))
+    })
 }
 
 /// Operands of one `tile_q` (pointers at the tile's first row / column).
@@ -801,8 +808,8 @@ unsafe fn tile_q<const MR: usize>(t: TileQ) {
     }
 }
 
-/// `scalar::tiles_n` (bit-identical) in 6-row x 32-column register tiles (rows split into
-/// tiles of nearly equal height, as in `tiles_q`); `ncols` must be a multiple of 32.
+/// `scalar::tiles_n` (bit-identical) in 6-row x 32-column register tiles (`row_tiles`);
+/// `ncols` must be a multiple of 32.
 #[allow(clippy::too_many_arguments)]
 pub fn tiles_n(
     kc: usize,
@@ -816,32 +823,13 @@ pub fn tiles_n(
     ldp: usize,
     load: bool,
 ) {
-    assert!(
-        available() && ncols.is_multiple_of(32) && kc <= ldx && ncols <= ldw && ncols <= ldp,
-        "x86_64_avx512::tiles_n: bad layout"
-    );
-    if m == 0 || ncols == 0 {
+    assert!(available(), "x86_64_avx512::tiles_n: unsupported");
+    let (xs, ws) = ((kc, x, ldx, m), (w, ldw, ncols));
+    if !super::tiles_n_prologue("x86_64_avx512::tiles_n", 32, xs, ws, p, ldp, load) {
         return;
     }
-    if kc == 0 {
-        if !load {
-            for i in 0..m {
-                p[i * ldp..i * ldp + ncols].fill(0.0);
-            }
-        }
-        return;
-    }
-    assert!(
-        (m - 1) * ldx + kc <= x.len()
-            && (kc - 1) * ldw + ncols <= w.len()
-            && (m - 1) * ldp + ncols <= p.len(),
-        "x86_64_avx512::tiles_n: short operand"
-    );
     for c in (0..ncols).step_by(32) {
-        let tiles = m.div_ceil(TILE_Q_ROWS);
-        let mut i = 0;
-        for t in 0..tiles {
-            let mr = (m - i).div_ceil(tiles - t);
+        for (i, mr) in row_tiles(m) {
             let args = (
                 kc,
                 x[i * ldx..].as_ptr(),
@@ -865,7 +853,6 @@ pub fn tiles_n(
                     _ => tile_n::<1>(args),
                 }
             }
-            i += mr;
         }
     }
 }
