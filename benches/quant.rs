@@ -7,7 +7,7 @@
 //! Throughput: the one-row cases (memory-bound) report bytes of weights read (packed + scales +
 //! biases) per second; the others report multiply-adds x 2 as "elements" (= FLOP/s).
 //!
-//! `dram_*` cases rotate one-row products through enough distinct matrices (>= 128 MB in all)
+//! `dram_*` cases rotate one-row products through enough distinct matrices (four times the L3)
 //! that each is evicted from the last-level cache before it is read again: the DRAM-resident
 //! weight stream of decoding, on 1 thread and on the default pool.
 //!
@@ -81,7 +81,7 @@ fn linears(c: &mut Criterion) {
 }
 
 /// One-row `x @ W^T` with DRAM-resident weights: each iteration multiplies by the next of
-/// `count` distinct matrices (>= 128 MB together, four times the 32 MB L3).
+/// `count` distinct matrices (`common::working_set`: four times the L3 together).
 fn dram(c: &mut Criterion) {
     let mut rng = Rng(0x94D0_49BB_1331_11EB);
     let mut g = c.benchmark_group("quant");
@@ -94,7 +94,7 @@ fn dram(c: &mut Criterion) {
     ] {
         let one = Weights::random(&mut rng, 1, rows, cols, bits);
         let bytes = one.matrix().bytes();
-        let count = (128usize << 20).div_ceil(bytes);
+        let count = common::working_set().div_ceil(bytes).max(2);
         let mut all = vec![one];
         all.extend((1..count).map(|_| Weights::random(&mut rng, 1, rows, cols, bits)));
         let qs: Vec<QMatrix<'_>> = all.iter().map(Weights::matrix).collect();
@@ -113,10 +113,10 @@ fn dram(c: &mut Criterion) {
             });
         }
     }
-    // The yardstick, measured in the same run: the machine's read bandwidth, summing 128 MB of
-    // f32 in 26 MB slices (a 4-bit head's size) with the same pools.
+    // The yardstick, measured in the same run: the machine's read bandwidth, summing four L3s
+    // of f32 in 26 MB slices (a 4-bit head's size) with the same pools.
     let slice = 26usize << 20;
-    let data: Vec<f32> = (0..(128usize << 20) / 4).map(|i| i as f32).collect();
+    let data: Vec<f32> = (0..common::working_set() / 4).map(|i| i as f32).collect();
     let slices: Vec<&[f32]> = data.chunks(slice / 4).collect();
     g.throughput(Throughput::Bytes(slice as u64));
     for threads in [Some(1), None] {
@@ -140,18 +140,7 @@ fn experts(c: &mut Criterion) {
     let pools = [Some(1), None].map(|t| dg_quant::pool::build(t).unwrap());
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
     let (tokens, top_k, n_experts) = (256usize, 8usize, 128usize);
-    // Distinct experts per token, uniformly drawn.
-    let mut pairs = Vec::with_capacity(tokens * top_k);
-    for t in 0..tokens {
-        let mut chosen = Vec::with_capacity(top_k);
-        while chosen.len() < top_k {
-            let e = (rng.next() % n_experts as u64) as usize;
-            if !chosen.contains(&e) {
-                chosen.push(e);
-            }
-        }
-        pairs.extend(chosen.into_iter().map(|e| (t, e)));
-    }
+    let pairs = common::expert_pairs(&mut rng, tokens, top_k, n_experts);
     let mut g = config(c);
     for (name, rows, cols, x_rows) in [
         ("experts_gate_up_4b", 1408usize, 2816usize, tokens),

@@ -92,3 +92,45 @@ pub fn stream_sum(v: &[f32]) -> f32 {
     }
     acc.iter().sum()
 }
+
+/// `(token, expert)` pairs of a routing: `top_k` distinct experts per token, uniformly drawn.
+pub fn expert_pairs(
+    rng: &mut Rng,
+    tokens: usize,
+    top_k: usize,
+    n_experts: usize,
+) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::with_capacity(tokens * top_k);
+    for t in 0..tokens {
+        let mut chosen = Vec::with_capacity(top_k);
+        while chosen.len() < top_k {
+            let e = (rng.next() % n_experts as u64) as usize;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        pairs.extend(chosen.into_iter().map(|e| (t, e)));
+    }
+    pairs
+}
+
+/// Bytes of weights (and, separately, of yardstick data) a DRAM bench cycles through: four times the L3
+/// (read from sysfs; 32 MB assumed where it cannot be read), at least 128 MB, so every matrix
+/// and slice is evicted before it is read again.
+pub fn working_set() -> usize {
+    let l3 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
+        .ok()
+        .and_then(|s| {
+            let s = s.trim();
+            let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let shift = match unit {
+                "K" => 10,
+                "M" => 20,
+                "" => 0,
+                _ => return None,
+            };
+            n.parse::<usize>().ok().map(|n| n << shift)
+        })
+        .unwrap_or(32 << 20);
+    (4 * l3).max(128 << 20)
+}

@@ -7,6 +7,7 @@
 //!   (`matmul.rs`), parallel on the current rayon pool ([`pool::build`]), with results that
 //!   do not depend on the thread count.
 //! - [`ops`]: small f32 operations shared by the models.
+//! - [`peak`]: the FMA-throughput yardstick the benches divide by.
 //!
 //! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64; AVX-512 where present
 //! for the 4-bit fused dot products and the unpacked panels of 4/8-bit products beyond 8 rows;
@@ -21,6 +22,7 @@ mod format;
 mod kernels;
 mod matmul;
 pub mod ops;
+pub mod peak;
 pub mod pool;
 mod scratch;
 

@@ -73,6 +73,18 @@ pub fn dequant_row(
     scalar::dequant_row(words, scales, biases, spec, out)
 }
 
+/// The FMA-throughput probe at the widest level this CPU runs: `(smallest lane, FLOPs done)`.
+pub fn fma_probe(rounds: usize) -> (f32, u64) {
+    let chains = (rounds * scalar::PROBE_CHAINS * 2) as u64;
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        Level::Avx512 => return (x86_64_avx512::fma_probe(rounds), chains * 16),
+        Level::Avx2 => return (x86_64::fma_probe(rounds), chains * 8),
+        Level::Scalar => {}
+    }
+    (scalar::fma_probe(rounds), chains * 8)
+}
+
 /// Whether the unpacked-panel kernels (`unpack_rows_t`, `tiles_q`) run in SIMD for weights of
 /// this spec (AVX-512, 4- or 8-bit); `matmul` routes to them only then.
 pub fn unpacked_panels(spec: QuantSpec) -> bool {

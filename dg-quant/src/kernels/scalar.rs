@@ -160,6 +160,33 @@ pub fn dot_row(
 /// MLX's own definition of one output of `quantized_matmul(transpose=True)` on the CPU
 /// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
 /// ground-truth formula; the fast paths reorder the sum.
+/// Independent chains of the FMA-throughput probe (`fma_probe`): enough to cover the FMA
+/// latency on two FMA ports (4 cycles x 2 in flight).
+pub const PROBE_CHAINS: usize = 12;
+/// Step of every probe chain, `a = a * PROBE_M + PROBE_C` from 1.0: it converges to 0.1, so no
+/// round count overflows or turns subnormal (which would slow the FMAs down).
+pub const PROBE_M: f32 = 0.9999;
+pub const PROBE_C: f32 = 1e-5;
+
+/// The value every lane of every probe chain holds after `rounds` steps.
+#[cfg(test)]
+pub fn fma_chain(rounds: usize) -> f32 {
+    (0..rounds).fold(1.0f32, |a, _| a.mul_add(PROBE_M, PROBE_C))
+}
+
+/// Portable probe: `PROBE_CHAINS` chains of 8 lanes (vectorized where the target has vector
+/// FMA in its baseline, e.g. aarch64); returns the smallest lane (every lane holds
+/// `fma_chain(rounds)`).
+pub fn fma_probe(rounds: usize) -> f32 {
+    let mut a = [[1.0f32; 8]; PROBE_CHAINS];
+    for _ in 0..rounds {
+        for lane in a.iter_mut().flatten() {
+            *lane = lane.mul_add(PROBE_M, PROBE_C);
+        }
+    }
+    a.iter().flatten().fold(f32::INFINITY, |m, &v| m.min(v))
+}
+
 #[cfg(test)]
 pub fn dot_row_mlx(
     x: &[f32],

@@ -809,6 +809,35 @@ unsafe fn tile_n_avx2<const MR: usize>(
     }
 }
 
+/// `scalar::fma_probe` in 8-lane AVX2 registers: `PROBE_CHAINS` independent FMA chains,
+/// `rounds` steps each; returns the smallest lane (every lane holds `scalar::fma_chain(rounds)`).
+pub fn fma_probe(rounds: usize) -> f32 {
+    assert!(available(), "x86_64::fma_probe: unsupported");
+    // SAFETY: features checked; the body touches only registers and a local array.
+    unsafe { fma_probe_body(rounds) }
+}
+
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_probe_body(rounds: usize) -> f32 {
+    use super::scalar::{PROBE_C, PROBE_CHAINS, PROBE_M};
+    // SAFETY: the caller upholds this function's contract (features present).
+    unsafe {
+        let (m, c) = (_mm256_set1_ps(PROBE_M), _mm256_set1_ps(PROBE_C));
+        let mut a = [_mm256_set1_ps(1.0); PROBE_CHAINS];
+        for _ in 0..rounds {
+            for a in &mut a {
+                *a = _mm256_fmadd_ps(*a, m, c);
+            }
+        }
+        let mut lanes = [0.0f32; PROBE_CHAINS * 8];
+        for (a, out) in a.iter().zip(lanes.chunks_exact_mut(8)) {
+            _mm256_storeu_ps(out.as_mut_ptr(), *a);
+        }
+        lanes.iter().fold(f32::INFINITY, |m, &v| m.min(v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};

@@ -922,6 +922,35 @@ unsafe fn hsum(v: __m512) -> f32 {
     }
 }
 
+/// `scalar::fma_probe` in 16-lane AVX-512 registers: `PROBE_CHAINS` independent FMA chains,
+/// `rounds` steps each; returns the smallest lane (every lane holds `scalar::fma_chain(rounds)`).
+pub fn fma_probe(rounds: usize) -> f32 {
+    assert!(available(), "x86_64_avx512::fma_probe: unsupported");
+    // SAFETY: features checked; the body touches only registers and a local array.
+    unsafe { fma_probe_body(rounds) }
+}
+
+#[allow(unused_unsafe)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn fma_probe_body(rounds: usize) -> f32 {
+    use super::scalar::{PROBE_C, PROBE_CHAINS, PROBE_M};
+    // SAFETY: the caller upholds this function's contract (features present).
+    unsafe {
+        let (m, c) = (_mm512_set1_ps(PROBE_M), _mm512_set1_ps(PROBE_C));
+        let mut a = [_mm512_set1_ps(1.0); PROBE_CHAINS];
+        for _ in 0..rounds {
+            for a in &mut a {
+                *a = _mm512_fmadd_ps(*a, m, c);
+            }
+        }
+        let mut lanes = [0.0f32; PROBE_CHAINS * 16];
+        for (a, out) in a.iter().zip(lanes.chunks_exact_mut(16)) {
+            _mm512_storeu_ps(out.as_mut_ptr(), *a);
+        }
+        lanes.iter().fold(f32::INFINITY, |m, &v| m.min(v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};

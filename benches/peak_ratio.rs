@@ -1,0 +1,223 @@
+//! Kernel speed as a fraction of this machine's limits, the two targets of issue 2, timed in
+//! pairs: `cargo bench --bench peak_ratio`.
+//!
+//! - One row, weights from DRAM: `x @ W^T` on a cold matrix against the read bandwidth (the
+//!   16-accumulator sum of `benches/common` on a cold f32 slice of the same byte size). Bytes
+//!   are weight bytes read (packed + scales + biases). Target: >= 60%.
+//! - 256 rows: each product against the FMA peak of the same threads
+//!   (`dg_quant::peak::fma_peak` on every thread of the pool at once, in registers). Target:
+//!   >= 50%.
+//!
+//! `cargo bench --bench peak_ratio -- experts` runs only the cases whose name contains
+//! `experts`.
+//!
+//! Timings on a shared VM drift by 10-50% within minutes (neighbours come and go), so criterion
+//! runs of a kernel and of a yardstick taken a minute apart give ratios that wander as much.
+//! Here each repetition times the kernel and, right after, the yardstick for about as long, on
+//! the same pool; the median of the per-pair ratios cancels the drift.
+
+mod common;
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use common::{random_x, stream_sum, Rng, Weights};
+use dg_quant::QMatrix;
+use rayon::prelude::*;
+
+/// Timed pairs per case and thread count.
+const PAIRS: usize = 21;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn pools() -> [rayon::ThreadPool; 2] {
+    [Some(1), None].map(|t| dg_quant::pool::build(t).unwrap())
+}
+
+/// The first argument that is not an option (cargo passes `--bench`): a case-name filter.
+fn selected(name: &str) -> bool {
+    std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
+        .is_none_or(|f| name.contains(&f))
+}
+
+fn main() {
+    println!("## One row, weights from DRAM (target >= 60% of the read bandwidth)");
+    println!("case | threads | kernel GiB/s | read GiB/s | kernel / read (median of pairs)");
+    one_row();
+    println!();
+    println!("## 256 rows (target >= 50% of the FMA peak of the same threads)");
+    println!(
+        "case | threads | kernel GFLOP/s | FMA peak GFLOP/s | kernel / peak (median of pairs)"
+    );
+    many_rows();
+}
+
+fn one_row() {
+    let mut rng = Rng(0x94D0_49BB_1331_11EB);
+    let set = common::working_set();
+    for (name, rows, cols, bits) in [
+        ("head 4-bit 16384x2816", 16384usize, 2816usize, 4u32),
+        ("q_proj 8-bit 4096x2816", 4096, 2816, 8),
+    ] {
+        if !selected(name) {
+            continue;
+        }
+        let bytes = Weights::random(&mut rng, 1, rows, cols, bits)
+            .matrix()
+            .bytes();
+        let count = set.div_ceil(bytes).max(2);
+        let all: Vec<Weights> = (0..count)
+            .map(|_| Weights::random(&mut rng, 1, rows, cols, bits))
+            .collect();
+        let qs: Vec<QMatrix<'_>> = all.iter().map(Weights::matrix).collect();
+        let data: Vec<f32> = (0..count * bytes / 4).map(|i| i as f32).collect();
+        let slices: Vec<&[f32]> = data.chunks_exact(bytes / 4).collect();
+        let x = random_x(&mut rng, cols);
+        let mut out = vec![0.0f32; rows];
+        for pool in pools() {
+            let (mut kernel, mut read, mut ratio) = (vec![], vec![], vec![]);
+            // One warm-up lap (page faults, frequency), then the timed pairs.
+            for rep in 0..count + PAIRS {
+                let at = rep % count;
+                let t = Instant::now();
+                pool.install(|| dg_quant::matmul_t(&x, 1, &qs[at], &mut out).unwrap());
+                let tk = t.elapsed().as_secs_f64();
+                // The slice read least recently (half a lap away from the matrix just used).
+                let s = slices[(at + count / 2) % count];
+                let t = Instant::now();
+                black_box(pool.install(|| s.par_chunks(1 << 16).map(stream_sum).sum::<f32>()));
+                let ty = t.elapsed().as_secs_f64();
+                if rep >= count {
+                    let gib = (1u64 << 30) as f64;
+                    kernel.push(bytes as f64 / tk / gib);
+                    read.push((s.len() * 4) as f64 / ty / gib);
+                    ratio.push(ty / tk * bytes as f64 / (s.len() * 4) as f64);
+                }
+            }
+            println!(
+                "{name} | {} | {:.1} | {:.1} | {:.0}%",
+                pool.current_num_threads(),
+                median(&mut kernel),
+                median(&mut read),
+                100.0 * median(&mut ratio)
+            );
+        }
+    }
+}
+
+/// One 256-row product: FLOPs and a closure that runs it on the current pool.
+type Case<'a> = (String, u64, Box<dyn FnMut() + Send + 'a>);
+
+fn many_rows() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let m = 256usize;
+    let linears = [
+        ("head 4-bit 4096x2816", 4096usize, 2816usize, 4u32),
+        ("q_proj 8-bit 4096x2816", 4096, 2816, 8),
+        ("o_proj 8-bit 2816x4096", 2816, 4096, 8),
+    ];
+    let weights: Vec<Weights> = linears
+        .iter()
+        .map(|&(_, r, c, b)| Weights::random(&mut rng, 1, r, c, b))
+        .collect();
+    let xs: Vec<Vec<f32>> = linears
+        .iter()
+        .map(|&(_, _, c, _)| random_x(&mut rng, m * c))
+        .collect();
+    let mut outs: Vec<Vec<f32>> = linears.iter().map(|&(_, r, ..)| vec![0.0; m * r]).collect();
+    // The soft-embedding product `probs [256, vocab] @ embed [vocab, hidden]` on a vocab slice.
+    let embed = Weights::random(&mut rng, 1, 4096, 2816, 4);
+    let probs = random_x(&mut rng, m * 4096);
+    let mut soft = vec![0.0f32; m * 2816];
+    let q = embed.matrix();
+    // The experts: 256 tokens x top-8 of 128, gate_up then down.
+    let (top_k, n_experts) = (8usize, 128usize);
+    let pairs = common::expert_pairs(&mut rng, m, top_k, n_experts);
+    let down_pairs: Vec<(usize, usize)> = pairs
+        .iter()
+        .enumerate()
+        .map(|(p, &(_, e))| (p, e))
+        .collect();
+    let gate_up = Weights::random(&mut rng, n_experts, 1408, 2816, 4);
+    let down = Weights::random(&mut rng, n_experts, 2816, 704, 4);
+    let x_gate = random_x(&mut rng, m * 2816);
+    let x_down = random_x(&mut rng, pairs.len() * 704);
+    let mut out_gate = vec![0.0f32; pairs.len() * 1408];
+    let mut out_down = vec![0.0f32; pairs.len() * 2816];
+    let (eg, ed) = (gate_up.experts(), down.experts());
+    let mut cases: Vec<Case<'_>> = Vec::new();
+    for (((name, rows, cols, _), w), (x, out)) in linears
+        .iter()
+        .zip(&weights)
+        .zip(xs.iter().zip(outs.iter_mut()))
+    {
+        let q = w.matrix();
+        let flops = (2 * m * rows * cols) as u64;
+        cases.push((
+            format!("{name}, x @ W^T"),
+            flops,
+            Box::new(move || dg_quant::matmul_t(x, m, &q, out).unwrap()),
+        ));
+    }
+    cases.push((
+        "embed 4-bit 4096x2816, x @ W".into(),
+        (2 * m * 4096 * 2816) as u64,
+        Box::new(|| dg_quant::matmul(&probs, m, &q, &mut soft).unwrap()),
+    ));
+    cases.push((
+        "experts gate_up 4-bit, 256 tok x top-8 of 128".into(),
+        (2 * pairs.len() * 1408 * 2816) as u64,
+        Box::new(|| dg_quant::gather_matmul_t(&x_gate, m, &eg, &pairs, &mut out_gate).unwrap()),
+    ));
+    cases.push((
+        "experts down 4-bit".into(),
+        (2 * pairs.len() * 2816 * 704) as u64,
+        Box::new(|| {
+            dg_quant::gather_matmul_t(&x_down, down_pairs.len(), &ed, &down_pairs, &mut out_down)
+                .unwrap()
+        }),
+    ));
+
+    for pool in pools() {
+        let threads = pool.current_num_threads();
+        // Probe rounds per second on one thread, to give each yardstick run about the
+        // kernel's duration.
+        let t = Instant::now();
+        black_box(dg_quant::peak::fma_peak(10_000_000));
+        let rounds_per_s = 1e7 / t.elapsed().as_secs_f64();
+        for (name, flops, run) in cases.iter_mut().filter(|c| selected(&c.0)) {
+            let (mut kernel, mut peak, mut ratio) = (vec![], vec![], vec![]);
+            for rep in 0..PAIRS + 2 {
+                let t = Instant::now();
+                pool.install(&mut *run);
+                let tk = t.elapsed().as_secs_f64();
+                let rounds = (tk * rounds_per_s) as usize + 1;
+                let t = Instant::now();
+                let done: u64 = pool
+                    .broadcast(|_| dg_quant::peak::fma_peak(rounds))
+                    .iter()
+                    .map(|r| r.flops)
+                    .sum();
+                let tp = t.elapsed().as_secs_f64();
+                // Two warm-up pairs (page faults, scratch buffers, frequency).
+                if rep >= 2 {
+                    let (k, p) = (*flops as f64 / tk, done as f64 / tp);
+                    kernel.push(k / 1e9);
+                    peak.push(p / 1e9);
+                    ratio.push(k / p);
+                }
+            }
+            println!(
+                "{name} | {threads} | {:.1} | {:.1} | {:.0}%",
+                median(&mut kernel),
+                median(&mut peak),
+                100.0 * median(&mut ratio)
+            );
+        }
+    }
+}
