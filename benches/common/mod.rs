@@ -114,9 +114,9 @@ pub fn expert_pairs(
     pairs
 }
 
-/// Bytes of weights (and, separately, of yardstick data) a DRAM bench cycles through: four times the L3
-/// (read from sysfs; 32 MB assumed where it cannot be read), at least 128 MB, so every matrix
-/// and slice is evicted before it is read again.
+/// Bytes of weights (and, separately, of yardstick data) a DRAM bench cycles through: four
+/// times the L3 (read from sysfs; 32 MB assumed where it cannot be read), at least 128 MB, so
+/// every matrix and slice is evicted before it is read again.
 pub fn working_set() -> usize {
     let l3 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
         .ok()

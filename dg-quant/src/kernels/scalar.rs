@@ -157,9 +157,6 @@ pub fn dot_row(
     acc + acc_bias
 }
 
-/// MLX's own definition of one output of `quantized_matmul(transpose=True)` on the CPU
-/// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
-/// ground-truth formula; the fast paths reorder the sum.
 /// Independent chains of the FMA-throughput probe (`fma_probe`): enough to cover the FMA
 /// latency on two FMA ports (4 cycles x 2 in flight).
 pub const PROBE_CHAINS: usize = 12;
@@ -187,6 +184,9 @@ pub fn fma_probe(rounds: usize) -> f32 {
     a.iter().flatten().fold(f32::INFINITY, |m, &v| m.min(v))
 }
 
+/// MLX's own definition of one output of `quantized_matmul(transpose=True)` on the CPU
+/// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
+/// ground-truth formula; the fast paths reorder the sum.
 #[cfg(test)]
 pub fn dot_row_mlx(
     x: &[f32],
