@@ -248,17 +248,39 @@ const UNPACKED_KC: usize = 128;
 /// and, a `UNPACKED_KC`-column chunk at a time, transposes their quantized values into a
 /// `[kc, 32]` f32 panel and runs 6-row x 32-column register tiles over it with `x` broadcast,
 /// so any `m` runs without padding rows; each group's scale and bias apply to the partial sums
-/// (as in the fused kernels).
+/// (as in the fused kernels). The panel holds each field in place in its word (no shift to
+/// decode), so the tiles take `x` scaled by the matching powers of two (`scale_fields`): the
+/// products are exactly those of the shifted fields.
 fn matmul_t_unpacked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
+    let (k, gs) = (w.cols, w.spec.group_size);
+    let groups = k / gs;
+    let mut xsum = vec![0.0f32; m * groups];
+    for (xr, sr) in x.chunks_exact(k).zip(xsum.chunks_exact_mut(groups)) {
+        kernels::scalar::group_sums(xr, gs, sr);
+    }
+    with_buffer(m * k, |xf| {
+        // The panels hold each field in place in its word; x scaled to match.
+        for (xr, fr) in x.chunks_exact(k).zip(xf.chunks_exact_mut(k)) {
+            kernels::scalar::scale_fields(xr, w.spec.bits, fr);
+        }
+        matmul_t_unpacked_panels(xf, &xsum, m, w, out, parallel)
+    })
+}
+
+/// `matmul_t_unpacked` once `x` is scaled (`xf`) and its group sums are known.
+fn matmul_t_unpacked_panels(
+    xf: &[f32],
+    xsum: &[f32],
+    m: usize,
+    w: &QMatrix,
+    out: &mut [f32],
+    parallel: bool,
+) {
     const P: usize = UNPACKED_PANEL_ROWS;
     let (k, gs) = (w.cols, w.spec.group_size);
     let groups = k / gs;
     let kc = (UNPACKED_KC.max(gs) / gs * gs).min(k);
     let wpr = w.spec.words_per_row(k);
-    let mut xsum = vec![0.0f32; m * groups];
-    for (xr, sr) in x.chunks_exact(k).zip(xsum.chunks_exact_mut(groups)) {
-        kernels::scalar::group_sums(xr, gs, sr);
-    }
     let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
         let (r0, nr) = (panel.start(), panel.width());
         let rows = w.row_slice(r0, r0 + nr);
@@ -290,7 +312,7 @@ fn matmul_t_unpacked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel
                     xsum: &xsum[g0..],
                     ldxs: groups,
                 };
-                kernels::tiles_q(kn, gs, &x[k0..], k, m, q, P, P, params, ct, P, k0 > 0);
+                kernels::tiles_q(kn, gs, &xf[k0..], k, m, q, P, P, params, ct, P, k0 > 0);
             }
             for (i, c) in ct.chunks_exact(P).enumerate() {
                 panel.row_mut(i).copy_from_slice(&c[..nr]);
