@@ -19,7 +19,7 @@ pub enum Level {
     Scalar,
     /// AVX2 + FMA (`x86_64.rs`).
     Avx2,
-    /// AVX-512F/BW/VL for the 4-bit fused dot products and the unpacked panels
+    /// AVX-512F/BW/VL for the 4- and 8-bit fused dot products and the unpacked panels
     /// (`x86_64_avx512.rs`), AVX2 elsewhere.
     Avx512,
 }
@@ -171,12 +171,14 @@ fn simd_dot(spec: QuantSpec) -> bool {
     cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && has_avx2_fma()
 }
 
-/// Whether the fused dot products of this spec run the AVX-512 kernels (4-bit weights only,
-/// see `x86_64_avx512::supports`).
+/// Whether the fused dot products of this spec run the AVX-512 kernels (see
+/// `x86_64_avx512::supports` and, for 8 bits, `prefers_8bit_dots`).
 fn avx512_dot(spec: QuantSpec) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        level() == Level::Avx512 && x86_64_avx512::supports(spec.bits, spec.group_size)
+        level() == Level::Avx512
+            && x86_64_avx512::supports(spec.bits, spec.group_size)
+            && (spec.bits == 4 || x86_64_avx512::prefers_8bit_dots())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -5,9 +5,10 @@
 //! the bottom compare them.
 //!
 //! Dot-product layout: 64 bytes of a weight row are one zmm of 16 dwords, and the j-th field of
-//! every dword (nibble) is masked in place (`vpandd`) and converted as unsigned
-//! (`vcvtudq2ps`), which reads `q * 2^(4j)` exactly, giving 16 weights 8 elements apart.
-//! `prepare_x` permutes x to the same order and scales each element by `2^-(4j)`
+//! every dword (nibble, or byte at 8 bits) is masked in place (`vpandd`) and converted as
+//! unsigned (`vcvtudq2ps`), which reads `q * 2^(4j)` exactly, giving 16 weights 8 elements
+//! apart (4 apart at 8 bits). `prepare_x` permutes x to the same order and scales each element
+//! by `2^-(4j)`
 //! (`permute_x`), so each FMA multiplies exactly `x * q` (bit-identical to shifting the field
 //! down; only an |x| below 2^-98 would turn subnormal and round). A block spans several groups
 //! for small group sizes; each lane's scale comes from one `vpermw` per block and row.
@@ -18,8 +19,8 @@
 //! 7.8-8.2 GiB/s from DRAM on one thread). The other gains come from one x load serving four
 //! weight rows (`R = 4` rows per pass with one x row) and from prefetching the next pass's rows
 //! in address order (four interleaved row streams defeat the hardware prefetchers from DRAM).
-//! An 8-bit instance streamed DRAM slower than the AVX2 kernel, so only 4 bits are built (see
-//! `supports`).
+//! The 8-bit instance streamed DRAM slower than the AVX2 kernel there, but much faster on
+//! Emerald Rapids; `prefers_8bit_dots` picks per CPU.
 
 use std::arch::x86_64::*;
 
@@ -39,16 +40,36 @@ fn block_elems(bits: u32) -> usize {
     512 / bits as usize
 }
 
-/// Whether these kernels handle `bits` / `group_size`: 4-bit weights (an 8-bit instance of
-/// `block` decoded faster from cache but streamed DRAM-resident weights slower than the AVX2
-/// kernel, 11-14 vs 16-18 GB/s on one thread, so it is not built), groups where a block holds
-/// whole groups or a group whole blocks.
+/// Whether these kernels handle `bits` / `group_size`: 4- or 8-bit weights, groups where a
+/// block holds whole groups or a group whole blocks.
 pub fn supports(bits: u32, group_size: usize) -> bool {
-    if bits != 4 {
+    if !matches!(bits, 4 | 8) {
         return false;
     }
     let b = block_elems(bits);
     group_size.is_multiple_of(32) && (b.is_multiple_of(group_size) || group_size.is_multiple_of(b))
+}
+
+/// Whether the 8-bit dot products should run here rather than the AVX2 ones: on a core with
+/// full-width 512-bit units the AVX-512 instance streams DRAM-resident weights much faster
+/// (Emerald Rapids, one row of a 4096 x 2816 matrix: 85-100% of the read bandwidth against
+/// 59-63%), but on AMD Zen 4, which splits each 512-bit op in two, it measured slower (11-14
+/// against 16-18 GB/s on one thread), so there the AVX2 kernel stays.
+pub fn prefers_8bit_dots() -> bool {
+    static PREFERS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PREFERS.get_or_init(|| {
+        // SAFETY: CPUID exists on every x86-64 CPU and only reads identification registers.
+        #[allow(unused_unsafe)]
+        let (vendor, version) = unsafe { (__cpuid(0), __cpuid(1)) };
+        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
+        let base = (version.eax >> 8) & 0xF;
+        let family = if base == 0xF {
+            base + ((version.eax >> 20) & 0xFF)
+        } else {
+            base
+        };
+        !(amd && family == 0x19)
+    })
 }
 
 /// Length of a permuted x row of `cols` elements: whole blocks, zero-padded.
@@ -64,7 +85,7 @@ pub fn permute_x(x: &[f32], bits: u32, out: &mut [f32]) {
     let b = block_elems(bits);
     let per = b / 16;
     assert!(
-        bits == 4 && out.len() == permuted_len(x.len(), bits),
+        supports(bits, 32) && out.len() == permuted_len(x.len(), bits),
         "x86_64_avx512::permute_x: bad shape"
     );
     out.fill(0.0);
@@ -183,7 +204,13 @@ pub fn dot_rows_n<const N: usize>(
             // SAFETY: the features were detected in `check`; rows i..i+$r span words
             // [i*wpr, (i+$r)*wpr) and groups [i*gpr, (i+$r)*gpr), inside the checked lengths;
             // every x holds permuted_len(cols) floats and its xsum gpr sums.
-            let r = unsafe { block::<N, $r, 4>(xs, cols, args, gpr, group_size) };
+            let r = unsafe {
+                if bits == 8 {
+                    block::<N, $r, 8>(xs, cols, args, gpr, group_size)
+                } else {
+                    block::<N, $r, 4>(xs, cols, args, gpr, group_size)
+                }
+            };
             for (o, v) in outs.iter_mut().zip(r) {
                 o[i..i + $r].copy_from_slice(&v);
             }
@@ -987,7 +1014,7 @@ mod tests {
             return;
         }
         let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-        for bits in [4] {
+        for bits in [4, 8] {
             for g in [32, 64, 128] {
                 let spec = QuantSpec::new(bits, g).unwrap();
                 // 3, 11 and 19 groups: the bias term's masked tail, a full 16 and a partial.
