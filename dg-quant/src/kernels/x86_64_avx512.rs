@@ -26,13 +26,17 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-/// Whether this module's kernels may run.
+/// Whether this module's kernels may run (detected once: every kernel call checks it, and
+/// the five feature tests showed in profiles of the per-chunk tiles).
 #[inline]
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && super::x86_64::available()
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && super::x86_64::available()
+    })
 }
 
 /// Elements of one 64-byte block of a packed row.
