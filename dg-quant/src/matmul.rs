@@ -6,7 +6,8 @@
 //! - `m > 8`, 4- and 8-bit weights on AVX-512 (every layer of the real model): each task
 //!   transposes 32 weight rows' quantized values into a k-major f32 panel, 128 columns at a
 //!   time, and broadcasts `x` against it in 6x32 register tiles (no row padding), with the same
-//!   group form of scales and biases;
+//!   group form of scales and biases; `x` is taken in blocks of rows that stay in L2, one pass
+//!   over the weights per block;
 //! - otherwise `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as
 //!   `dequantize`) 256-wide chunks of its weight rows and accumulates 16x6 register tiles;
 //! - and `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the

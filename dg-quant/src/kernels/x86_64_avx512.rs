@@ -399,7 +399,9 @@ unsafe fn block<const N: usize, const R: usize, const BITS: u32>(
 /// Measured on Emerald Rapids (32 rows x 128 4-bit columns from L1, best of 40 runs, cycles):
 /// shift + mask + convert 860 into an unaligned panel, 720 into a 64-byte aligned one (a store
 /// that straddles two lines costs two); in place 630; with the branch-free whole slabs 441
-/// (8-bit: 735 -> ~570). The register tiles over the same chunk at 16 rows take ~2200.
+/// (8-bit: 735 -> ~570); a 64-column 4-bit chunk (the tail of a 704-column row) 411 -> 231
+/// with its own fixed-count body. The register tiles over a 128-column chunk at 16 rows take
+/// ~2200.
 pub fn unpack_rows_t(
     words: &[u32],
     stride: usize,
@@ -439,13 +441,20 @@ pub fn unpack_rows_t(
                 out.as_mut_ptr().add(i0),
                 ld,
             );
-            // Whole slabs of whole 16-word blocks (the common case) take a branch-free body.
-            let full = args.3 == 16 && wpr.is_multiple_of(16);
-            match (bits, full) {
-                (4, true) => unpack_slab::<4, true>(args),
-                (4, false) => unpack_slab::<4, false>(args),
-                (_, true) => unpack_slab::<8, true>(args),
-                (_, false) => unpack_slab::<8, false>(args),
+            // Whole slabs of whole 16-word blocks (the common case), or of one 8-word block (a
+            // 64-column 4-bit chunk), take a branch-free body.
+            let nw = match (args.3, wpr) {
+                (16, 8) => 8,
+                (16, w) if w.is_multiple_of(16) => 16,
+                _ => 0,
+            };
+            match (bits, nw) {
+                (4, 16) => unpack_slab::<4, 16>(args),
+                (4, 8) => unpack_slab::<4, 8>(args),
+                (4, _) => unpack_slab::<4, 0>(args),
+                (_, 16) => unpack_slab::<8, 16>(args),
+                (_, 8) => unpack_slab::<8, 8>(args),
+                (_, _) => unpack_slab::<8, 0>(args),
             }
         }
     }
@@ -456,10 +465,11 @@ pub fn unpack_rows_t(
 /// # Safety
 /// AVX-512F available; `BITS` is 4 or 8; `words` holds `n` rows of `wpr` words, `stride`
 /// words apart; `out` is writable at `k * ld + lane` for `k < 32 / BITS * wpr`, `lane < 16`;
-/// `FULL` only if `n == 16` and `wpr` is a multiple of 16.
+/// `NW` (words per block, fixed) only if `n == 16` and `wpr` is 8 (`NW = 8`) or a multiple of
+/// 16 (`NW = 16`); 0 takes the counts at run time.
 #[allow(unused_unsafe)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn unpack_slab<const BITS: u32, const FULL: bool>(
+unsafe fn unpack_slab<const BITS: u32, const NW: usize>(
     (words, stride, wpr, n, out, ld): (*const u32, usize, usize, usize, *mut f32, usize),
 ) {
     // SAFETY: the caller upholds this function's contract; loads are masked to the row's
@@ -467,13 +477,14 @@ unsafe fn unpack_slab<const BITS: u32, const FULL: bool>(
     unsafe {
         let per_word = 32 / BITS as usize;
         for w0 in (0..wpr).step_by(16) {
-            let nw = if FULL { 16 } else { (wpr - w0).min(16) };
+            let full = NW > 0;
+            let nw = if full { NW } else { (wpr - w0).min(16) };
             let wmask: __mmask16 = if nw == 16 { 0xFFFF } else { (1 << nw) - 1 };
             // Unrolled with literal indices (macros, not loops over a runtime count), so the
             // 16 rows and the 16 transposed words stay in registers.
             macro_rules! row {
                 ($i:literal) => {
-                    if FULL || $i < n {
+                    if full || $i < n {
                         _mm512_maskz_loadu_epi32(wmask, words.add($i * stride + w0) as *const i32)
                     } else {
                         _mm512_setzero_si512()
