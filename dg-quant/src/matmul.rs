@@ -5,7 +5,7 @@
 //!   and never build the f32 matrix: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
 //! - `m > 8`, 4- and 8-bit weights on AVX-512 (every layer of the real model): each task
 //!   transposes 32 weight rows' quantized values into a k-major f32 panel, 128 columns at a
-//!   time, and broadcasts `x` against it in 6x32 register tiles (no row padding), with the same
+//!   time, and broadcasts `x` against it in 12x32 register tiles (no row padding), with the same
 //!   group form of scales and biases; `x` is taken in blocks of rows that stay in L2, one pass
 //!   over the weights per block;
 //! - otherwise `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as
@@ -253,7 +253,7 @@ const UNPACKED_X_BLOCK_BYTES: usize = 768 << 10;
 
 /// Unpacked path (AVX-512, 4- and 8-bit): each task takes `UNPACKED_PANEL_ROWS` weight rows
 /// and, a `UNPACKED_KC`-column chunk at a time, transposes their quantized values into a
-/// `[kc, 32]` f32 panel and runs 6-row x 32-column register tiles over it with `x` broadcast,
+/// `[kc, 32]` f32 panel and runs 12-row x 32-column register tiles over it with `x` broadcast,
 /// so any `m` runs without padding rows; each group's scale and bias apply to the partial sums
 /// (as in the fused kernels). The panel holds each field in place in its word (no shift to
 /// decode), so the tiles take `x` scaled by the matching powers of two (`scale_fields`): the
