@@ -208,7 +208,7 @@ impl PreparedX {
 /// A zeroed f32 buffer of `len` elements at a 64-byte boundary: (storage, offset).
 fn aligned_zeros(len: usize) -> (Vec<f32>, usize) {
     let buf = vec![0.0f32; len + 16];
-    let off = buf.as_ptr().align_offset(64).min(16);
+    let off = crate::scratch::line_offset(&buf);
     (buf, off)
 }
 
