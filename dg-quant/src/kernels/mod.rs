@@ -138,7 +138,9 @@ pub struct GroupParams<'a> {
     pub ldxs: usize,
 }
 
-/// See `scalar::tiles_q` (bit-identical on every path; `ncols` a multiple of 32).
+/// See `scalar::tiles_q` (bit-identical on every path; `ncols` a multiple of 32). The SIMD
+/// path also pulls `ahead` (e.g. the next panel's packed words) toward the cache, a line at a
+/// time spread over the tiles' steps: a hint that does not change the results.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn tiles_q(
@@ -154,13 +156,15 @@ pub fn tiles_q(
     out: &mut [f32],
     ldo: usize,
     load: bool,
+    ahead: &[u32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx512 {
         return x86_64_avx512::tiles_q(
-            cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load,
+            cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load, ahead,
         );
     }
+    let _ = ahead;
     scalar::tiles_q(
         cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load,
     )

@@ -719,6 +719,7 @@ pub fn tiles_q(
     out: &mut [f32],
     ldo: usize,
     load: bool,
+    ahead: &[u32],
 ) {
     assert!(
         available()
@@ -749,8 +750,17 @@ pub fn tiles_q(
             && (m - 1) * ldo + ncols <= out.len(),
         "x86_64_avx512::tiles_q: short operand"
     );
+    // The lines of `ahead`, shared out over the tiles in order.
+    let first_line = ahead.as_ptr() as usize & !63;
+    let lines = (ahead.as_ptr_range().end as usize)
+        .saturating_sub(first_line)
+        .div_ceil(64);
+    let tiles = ncols / 32 * row_tiles(m, TILE_Q_ROWS).count();
+    let mut tile = 0;
     for c in (0..ncols).step_by(32) {
         for (i, mr) in row_tiles(m, TILE_Q_ROWS) {
+            let (l0, l1) = (tile * lines / tiles, (tile + 1) * lines / tiles);
+            tile += 1;
             let args = TileQ {
                 x: x[i * ldx..].as_ptr(),
                 ldx,
@@ -765,6 +775,9 @@ pub fn tiles_q(
                 out: out[i * ldo + c..].as_mut_ptr(),
                 ldo,
                 load,
+                ahead: first_line + 64 * l0,
+                ahead_lines: l1 - l0,
+                every: (cols / (l1 - l0).max(1)).max(1),
             };
             // SAFETY: features checked; the tile reads x rows i..i+mr (k < cols), panel,
             // scale and bias columns c..c+32 for every k / group, xsum rows i..i+mr (groups
@@ -817,6 +830,11 @@ struct TileQ {
     out: *mut f32,
     ldo: usize,
     load: bool,
+    /// Address of the first cache line to prefetch (`tiles_q`'s `ahead`), how many lines, and
+    /// one every how many `k` steps.
+    ahead: usize,
+    ahead_lines: usize,
+    every: usize,
 }
 
 /// One `MR x 32` tile of `tiles_q`: the group's partial sums in registers (2 per row), the
@@ -831,9 +849,17 @@ struct TileQ {
 unsafe fn tile_q<const MR: usize>(t: TileQ) {
     // SAFETY: the caller upholds this function's contract.
     unsafe {
+        // Prefetch line `pf` at step `k == next`, then every `t.every` steps.
+        let (mut pf, mut next) = (0, 0);
+        let line = |i: usize| (t.ahead + 64 * i) as *const i8;
         for g in 0..t.groups {
             let mut p = [[_mm512_setzero_ps(); 2]; MR];
             for k in g * t.group_size..(g + 1) * t.group_size {
+                if k == next && pf < t.ahead_lines {
+                    _mm_prefetch::<_MM_HINT_T0>(line(pf));
+                    pf += 1;
+                    next += t.every;
+                }
                 let w0 = _mm512_loadu_ps(t.q.add(k * t.ld));
                 let w1 = _mm512_loadu_ps(t.q.add(k * t.ld + 16));
                 for (i, p) in p.iter_mut().enumerate() {
@@ -865,6 +891,9 @@ unsafe fn tile_q<const MR: usize>(t: TileQ) {
                     _mm512_storeu_ps(o.add(16 * v), acc);
                 }
             }
+        }
+        for pf in pf..t.ahead_lines {
+            _mm_prefetch::<_MM_HINT_T0>(line(pf));
         }
     }
 }
@@ -1230,9 +1259,11 @@ mod tests {
                         let start: Vec<f32> =
                             (0..m * ldo).map(|_| rng.gen_range(-1.0..1.0)).collect();
                         let (mut got, mut want) = (start.clone(), start);
+                        // `ahead` is only a hint: any words, here the panel's own bits.
+                        let ahead: Vec<u32> = q.iter().take(m * 40).map(|v| v.to_bits()).collect();
                         tiles_q(
                             cols, group_size, &x, ldx, m, &q, ld, ncols, params, &mut got, ldo,
-                            load,
+                            load, &ahead,
                         );
                         scalar::tiles_q(
                             cols, group_size, &x, ldx, m, &q, ld, ncols, params, &mut want, ldo,
