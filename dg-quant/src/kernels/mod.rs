@@ -138,8 +138,29 @@ pub struct GroupParams<'a> {
     pub ldxs: usize,
 }
 
+/// The cache lines a slice spans, as addresses: what a kernel may prefetch (a hint; no
+/// memory is read through it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lines {
+    /// Address of the first line (64-byte aligned).
+    pub first: usize,
+    /// Number of lines.
+    pub count: usize,
+}
+
+impl Lines {
+    pub fn of<T>(data: &[T]) -> Self {
+        let range = data.as_ptr_range();
+        let first = range.start as usize & !63;
+        Lines {
+            first,
+            count: (range.end as usize).saturating_sub(first).div_ceil(64),
+        }
+    }
+}
+
 /// See `scalar::tiles_q` (bit-identical on every path; `ncols` a multiple of 32). The SIMD
-/// path also pulls `ahead` (e.g. the next panel's packed words) toward the cache, a line at a
+/// path also pulls the lines `ahead` (e.g. part of the next panel) toward the cache, one at a
 /// time spread over the tiles' steps: a hint that does not change the results.
 #[allow(clippy::too_many_arguments)]
 #[inline]
@@ -156,7 +177,7 @@ pub fn tiles_q(
     out: &mut [f32],
     ldo: usize,
     load: bool,
-    ahead: &[u32],
+    ahead: Lines,
 ) {
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx512 {

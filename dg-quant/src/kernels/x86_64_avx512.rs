@@ -719,7 +719,7 @@ pub fn tiles_q(
     out: &mut [f32],
     ldo: usize,
     load: bool,
-    ahead: &[u32],
+    ahead: super::Lines,
 ) {
     assert!(
         available()
@@ -750,16 +750,15 @@ pub fn tiles_q(
             && (m - 1) * ldo + ncols <= out.len(),
         "x86_64_avx512::tiles_q: short operand"
     );
-    // The lines of `ahead`, shared out over the tiles in order.
-    let first_line = ahead.as_ptr() as usize & !63;
-    let lines = (ahead.as_ptr_range().end as usize)
-        .saturating_sub(first_line)
-        .div_ceil(64);
-    let tiles = ncols / 32 * row_tiles(m, TILE_Q_ROWS).count();
+    // The lines `ahead`, shared out over the tiles in order, one every `every` steps.
+    let tiles = ncols / 32 * m.div_ceil(TILE_Q_ROWS);
+    let per_tile = ahead.count.div_ceil(tiles);
+    let every = (cols / per_tile.max(1)).max(1);
     let mut tile = 0;
     for c in (0..ncols).step_by(32) {
         for (i, mr) in row_tiles(m, TILE_Q_ROWS) {
-            let (l0, l1) = (tile * lines / tiles, (tile + 1) * lines / tiles);
+            let l0 = (tile * per_tile).min(ahead.count);
+            let l1 = (l0 + per_tile).min(ahead.count);
             tile += 1;
             let args = TileQ {
                 x: x[i * ldx..].as_ptr(),
@@ -775,9 +774,9 @@ pub fn tiles_q(
                 out: out[i * ldo + c..].as_mut_ptr(),
                 ldo,
                 load,
-                ahead: first_line + 64 * l0,
+                ahead: ahead.first + 64 * l0,
                 ahead_lines: l1 - l0,
-                every: (cols / (l1 - l0).max(1)).max(1),
+                every,
             };
             // SAFETY: features checked; the tile reads x rows i..i+mr (k < cols), panel,
             // scale and bias columns c..c+32 for every k / group, xsum rows i..i+mr (groups
@@ -1259,11 +1258,11 @@ mod tests {
                         let start: Vec<f32> =
                             (0..m * ldo).map(|_| rng.gen_range(-1.0..1.0)).collect();
                         let (mut got, mut want) = (start.clone(), start);
-                        // `ahead` is only a hint: any words, here the panel's own bits.
-                        let ahead: Vec<u32> = q.iter().take(m * 40).map(|v| v.to_bits()).collect();
+                        // `ahead` is only a hint: any lines, here part of the panel.
+                        let ahead = crate::kernels::Lines::of(&q[..m * 40]);
                         tiles_q(
                             cols, group_size, &x, ldx, m, &q, ld, ncols, params, &mut got, ldo,
-                            load, &ahead,
+                            load, ahead,
                         );
                         scalar::tiles_q(
                             cols, group_size, &x, ldx, m, &q, ld, ncols, params, &mut want, ldo,
