@@ -9,7 +9,8 @@
 //!   >= 50%.
 //!
 //! `cargo bench --bench peak_ratio -- experts` runs only the cases whose name contains
-//! `experts`.
+//! `experts`. The `control` case runs the same kernels on operands that stay in L2: when it
+//! falls well below its usual ratio, a neighbour is sharing the core (see its comment).
 //!
 //! Timings on a shared VM drift by 10-50% within minutes (neighbours come and go), so criterion
 //! runs of a kernel and of a yardstick taken a minute apart give ratios that wander as much.
@@ -150,6 +151,11 @@ fn many_rows() {
     let mut out_gate = vec![0.0f32; pairs.len() * 1408];
     let mut out_down = vec![0.0f32; pairs.len() * 2816];
     let (eg, ed) = (gate_up.experts(), down.experts());
+    // The control (below): operands that stay in L2.
+    let control = Weights::random(&mut rng, 1, 256, 1024, 4);
+    let cq = control.matrix();
+    let cx = random_x(&mut rng, 48 * 1024);
+    let mut cout = vec![0.0f32; 48 * 256];
     let mut cases: Vec<Case<'_>> = Vec::new();
     for (((name, rows, cols, _), w), (x, out)) in linears
         .iter()
@@ -168,6 +174,19 @@ fn many_rows() {
         "embed 4-bit 4096x2816, x @ W".into(),
         (2 * m * 4096 * 2816) as u64,
         Box::new(|| dg_quant::matmul(&probs, m, &q, &mut soft).unwrap()),
+    ));
+    // A control: the same product path on operands that stay in L2 (48 x 1024 activations,
+    // 256 x 1024 4-bit weights), called 200 times. With no DRAM traffic, its ratio moves only
+    // with what this core gives at the moment: it falls when a neighbour shares the core's
+    // caches and load ports, which the register-only probe does not feel.
+    cases.push((
+        "control: 48 rows x 256x1024 4-bit, in L2, x200".into(),
+        200 * (2 * 48 * 256 * 1024) as u64,
+        Box::new(move || {
+            for _ in 0..200 {
+                dg_quant::matmul_t(&cx, 48, &cq, &mut cout).unwrap();
+            }
+        }),
     ));
     cases.push((
         "experts gate_up 4-bit, 256 tok x top-8 of 128".into(),
