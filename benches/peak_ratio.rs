@@ -152,10 +152,10 @@ fn many_rows() {
     let mut out_down = vec![0.0f32; pairs.len() * 2816];
     let (eg, ed) = (gate_up.experts(), down.experts());
     // The control (below): operands that stay in L2.
-    let control = Weights::random(&mut rng, 1, 256, 1024, 4);
+    let control = Weights::random(&mut rng, 1, 1024, 1024, 4);
     let cq = control.matrix();
     let cx = random_x(&mut rng, 48 * 1024);
-    let mut cout = vec![0.0f32; 48 * 256];
+    let mut cout = vec![0.0f32; 48 * 1024];
     let mut cases: Vec<Case<'_>> = Vec::new();
     for (((name, rows, cols, _), w), (x, out)) in linears
         .iter()
@@ -176,14 +176,14 @@ fn many_rows() {
         Box::new(|| dg_quant::matmul(&probs, m, &q, &mut soft).unwrap()),
     ));
     // A control: the same product path on operands that stay in L2 (48 x 1024 activations,
-    // 256 x 1024 4-bit weights), called 200 times. With no DRAM traffic, its ratio moves only
+    // 1024 x 1024 4-bit weights), called 50 times. With no DRAM traffic, its ratio moves only
     // with what this core gives at the moment: it falls when a neighbour shares the core's
     // caches and load ports, which the register-only probe does not feel.
     cases.push((
-        "control: 48 rows x 256x1024 4-bit, in L2, x200".into(),
-        200 * (2 * 48 * 256 * 1024) as u64,
+        "control: 48 rows x 1024x1024 4-bit, in L2, x50".into(),
+        50 * (2 * 48 * 1024 * 1024) as u64,
         Box::new(move || {
-            for _ in 0..200 {
+            for _ in 0..50 {
                 dg_quant::matmul_t(&cx, 48, &cq, &mut cout).unwrap();
             }
         }),
