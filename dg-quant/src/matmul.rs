@@ -1,9 +1,10 @@
 //! Quantized matrix products (`mx.quantized_matmul`, `mx.gather_qmm`) and the plain f32 GEMM.
 //!
 //! `x [m, k] @ W^T` picks one of these strategies by the number of activation rows `m`:
-//! - `m <= 8` (memory-bound): fused kernels read each packed weight once per pair of x rows
-//!   and never build the f32 matrix: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
-//! - `m > 8`, 4- and 8-bit weights on AVX-512 (every layer of the real model): each task
+//! - few rows (memory-bound; up to 2 at 4 bits and 3 at 8 bits on AVX-512, else 8): fused
+//!   kernels read each packed weight once per pair of x rows and never build the f32 matrix:
+//!   `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
+//! - more, 4- and 8-bit weights on AVX-512 (every layer of the real model): each task
 //!   transposes 32 weight rows' quantized values into a k-major f32 panel, 128 columns at a
 //!   time, and broadcasts `x` against it in 12x32 register tiles (no row padding), with the same
 //!   group form of scales and biases; `x` is taken in blocks of rows that stay in L2, one pass
@@ -38,8 +39,22 @@ use crate::scratch::with_buffer;
 use crate::{QExperts, QMatrix, QuantError};
 
 /// Up to this many activation rows use the fused kernels (each weight row decoded once per
-/// pair of activation rows; memory-bound at one row).
+/// pair of activation rows; memory-bound at one row), where the unpacked panels do not run.
 const FUSED_MAX_M: usize = 8;
+
+/// Most activation rows for the fused `x @ W^T` kernels with weights of `spec`. Where the
+/// unpacked panels run (AVX-512, 4 and 8 bits), they win from 3 rows at 4 bits and from 4 at
+/// 8 bits: 4096 x 2816 from DRAM, paired runs on Emerald Rapids, unpacked / fused at
+/// 2 / 3 / 4 / 6 / 8 rows: 4-bit 0.65-0.70 / 1.05-1.15 / 1.18-1.27 / 1.50-1.65 / 1.71-1.74,
+/// 8-bit 0.62-0.65 / 0.93-0.97 / 1.03-1.19 / 1.35-1.42 / 1.59-1.65 (1 and 2 threads; one
+/// expert's gate_up alike). Elsewhere `FUSED_MAX_M` (crossover measured on Zen 3/4).
+fn fused_max_m(spec: crate::QuantSpec) -> usize {
+    match (kernels::unpacked_panels(spec), spec.bits) {
+        (true, 4) => 2,
+        (true, _) => 3,
+        (false, _) => FUSED_MAX_M,
+    }
+}
 /// Up to this many rows use the register-tiled kernel; more use the `gemm` crate on
 /// dequantized panels (measured crossovers on Zen 3/4: about 8 and 48-64 rows).
 const TILED_MAX_M: usize = 48;
@@ -96,7 +111,7 @@ fn matmul_t_unchecked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
 /// Runs the strategy `m` calls for (see the module docs); `parallel`: panels spread over the
 /// current pool, else run on this thread.
 fn matmul_t_strategy(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
-    if m <= FUSED_MAX_M {
+    if m <= fused_max_m(w.spec) {
         matmul_t_fused(x, m, w, out, parallel);
     } else if kernels::unpacked_panels(w.spec) {
         matmul_t_unpacked(x, m, w, out, parallel);
@@ -781,7 +796,7 @@ mod tests {
             let (rows, cols) = (131, 640);
             let q = random_q(&mut rng, rows, cols, spec);
             let w = q.view(rows, cols, spec).unwrap();
-            for m in [1usize, 2, 3, 8, 9, 17, 48, 49, 70] {
+            for m in [1usize, 2, 3, 4, 8, 9, 17, 48, 49, 70] {
                 let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let mut out = vec![0.0f32; m * rows];
                 pool(2).install(|| matmul_t(&x, m, &w, &mut out)).unwrap();
