@@ -1,6 +1,6 @@
-//! AVX-512 kernels (x86-64): fused dot products for the memory-bound `x @ W^T` at 1-8
-//! activation rows, and, beyond, the unpacked panels (`unpack_rows_t`, `params_t`) with their
-//! register tiles (`tiles_q`). Each `pub fn` is safe: it checks the CPU features and the slice
+//! AVX-512 kernels (x86-64): fused dot products for the memory-bound `x @ W^T` at 1-3
+//! activation rows (the matmul picks by width; they take up to 8), and, beyond, the unpacked
+//! panels (`unpack_rows_t`, `params_t`) with their register tiles (`tiles_q`). Each `pub fn` is safe: it checks the CPU features and the slice
 //! lengths it relies on, then calls a `#[target_feature]` body. Twins in `scalar.rs`; tests at
 //! the bottom compare them.
 //!
