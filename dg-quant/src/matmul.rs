@@ -55,6 +55,7 @@ fn fused_max_m(spec: crate::QuantSpec) -> usize {
         (false, _) => FUSED_MAX_M,
     }
 }
+
 /// Up to this many rows use the register-tiled kernel; more use the `gemm` crate on
 /// dequantized panels (measured crossovers on Zen 3/4: about 8 and 48-64 rows).
 const TILED_MAX_M: usize = 48;
