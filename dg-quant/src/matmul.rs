@@ -966,7 +966,10 @@ mod tests {
                 }
             }
             // The rows of each pass computed as one smaller product (a single pass) give the
-            // same bits.
+            // same bits. (Elsewhere 48 and 97 rows take different strategies.)
+            if !kernels::unpacked_panels(spec) {
+                continue;
+            }
             for (i0, mb) in [(0usize, 48usize), (48, 49)] {
                 let mut part = vec![0.0f32; mb * rows];
                 pool(1)
