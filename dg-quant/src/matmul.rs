@@ -17,7 +17,8 @@
 //! `x @ W` (soft embeddings) dequantizes weight rows in their natural layout (16 output
 //! columns per pair of vectors) and accumulates them over the reduction axis: for `m <= 48`
 //! the axis is split into fixed chunks of whole rows (contiguous reads) whose partial sums are
-//! added in chunk order (fma rows into every x row up to 8 rows, 6x16 register tiles beyond);
+//! added in chunk order (fma rows into every x row up to 4 rows on AVX-512, 8 elsewhere,
+//! register tiles beyond);
 //! for more rows, 256-column tasks walk the axis in order with register tiles, in fixed chunks
 //! of 32768 weight rows whose partial sums are added in chunk order (a vocab-sized `W` gives
 //! enough tasks for a many-core CPU).
@@ -464,9 +465,9 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
     if m <= XW_SPLIT_MAX_M {
         // Few rows: the reduction axis is split into fixed chunks of whole weight rows (read
         // once, contiguously), and the chunks' partial products are added in chunk order.
-        // Up to 8 rows, each weight row is dequantized and accumulated into every x row with
-        // fma; beyond, XW_STEP rows at a time are dequantized and multiplied in register
-        // tiles.
+        // Up to `xw_fma_rows_max_m()` rows, each weight row is dequantized and accumulated
+        // into every x row with fma; beyond, XW_STEP rows at a time are dequantized and
+        // multiplied in register tiles.
         let depth = xw_chunk_rows(w.rows, m);
         let chunks = w.rows.div_ceil(depth);
         with_buffer(chunks * m * cols, |partials| {
@@ -476,7 +477,7 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
                 .for_each(|(c, p)| {
                     let (r0, r1) = (c * depth, ((c + 1) * depth).min(w.rows));
                     p.fill(0.0);
-                    if m <= FUSED_MAX_M {
+                    if m <= xw_fma_rows_max_m() {
                         with_buffer(cols, |row| {
                             for r in r0..r1 {
                                 dequant_part(w, r, 0, cols, row);
@@ -627,6 +628,19 @@ fn xw_accumulate(
             ldp,
             load,
         );
+    }
+}
+
+/// Most activation rows for which the split `x @ W` path accumulates dequantized weight rows
+/// into every x row with fma (beyond: register tiles). With the AVX-512 tiles, the tiles win
+/// from 5 rows: 32768 x 2816 4-bit, paired, tiles / fma rows at 4 / 5 / 6 / 8 rows:
+/// 0.88-0.96 / 1.11-1.18 / 1.28-1.33 / 1.55-1.57 (1 and 2 threads). Elsewhere `FUSED_MAX_M`
+/// (the AVX2 tiles on that machine: 0.78-0.95 / 1.03-1.04 / 1.15-1.17 at 4 / 5 / 6).
+fn xw_fma_rows_max_m() -> usize {
+    if kernels::level() == kernels::Level::Avx512 {
+        4
+    } else {
+        FUSED_MAX_M
     }
 }
 
@@ -827,7 +841,7 @@ mod tests {
             let w = q.view(rows, cols, spec).unwrap();
             let mut deq = vec![0.0f32; rows * cols];
             crate::dequantize(&w, &mut deq).unwrap();
-            for m in [1usize, 3, 9, 20, 60] {
+            for m in [1usize, 3, 5, 9, 20, 60] {
                 let x: Vec<f32> = (0..m * rows).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let mut out = vec![0.0f32; m * cols];
                 pool(2).install(|| matmul(&x, m, &w, &mut out)).unwrap();
