@@ -339,7 +339,7 @@ fn matmul_t_unpacked_panels(
         let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
             let (r0, nr) = (panel.start(), panel.width());
             let rows = w.row_slice(r0, r0 + nr);
-            // The next panel's packed rows, pulled toward the cache a slice per chunk.
+            // The next panel, pulled toward the cache a share per chunk (`next_panel_share`).
             let next = w.row_slice((r0 + P).min(w.rows), (r0 + 2 * P).min(w.rows));
             let chunks = k.div_ceil(kc);
             with_buffer(kc * P + 2 * groups * P + mb * P, |buf| {
@@ -355,11 +355,10 @@ fn matmul_t_unpacked_panels(
                 kernels::params_t(rows.scales, groups, nr, groups, s, P);
                 kernels::params_t(rows.biases, groups, nr, groups, b, P);
                 for (ci, k0) in (0..k).step_by(kc).enumerate() {
-                    // A share of the next panel, prefetched by the tiles one line every few
-                    // steps. Bursts (half before the unpack, half after) held every line-fill
-                    // buffer while they went to DRAM and stalled the loads behind them;
-                    // spread out: experts gate_up +3-12%, down +-2%, linears +-3% (paired
-                    // runs on Emerald Rapids).
+                    // Prefetched by the tiles one line every few steps. Bursts (half before
+                    // the unpack, half after) held every line-fill buffer while they went to
+                    // DRAM and stalled the loads behind them; spread out: experts gate_up
+                    // +3-12%, down +-2%, linears +-3% (paired runs on Emerald Rapids).
                     let ahead = next_panel_share(&next, ci, chunks);
                     let kn = kc.min(k - k0);
                     let w0 = k0 * w.spec.bits as usize / 32;

@@ -149,6 +149,7 @@ pub struct Lines {
 }
 
 impl Lines {
+    /// Every line `data` touches.
     pub fn of<T>(data: &[T]) -> Self {
         let range = data.as_ptr_range();
         let first = range.start as usize & !63;

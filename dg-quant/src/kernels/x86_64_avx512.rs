@@ -1,8 +1,8 @@
 //! AVX-512 kernels (x86-64): fused dot products for the memory-bound `x @ W^T` at 1-3
 //! activation rows (the matmul picks by width; they take up to 8), and, beyond, the unpacked
-//! panels (`unpack_rows_t`, `params_t`) with their register tiles (`tiles_q`). Each `pub fn` is safe: it checks the CPU features and the slice
-//! lengths it relies on, then calls a `#[target_feature]` body. Twins in `scalar.rs`; tests at
-//! the bottom compare them.
+//! panels (`unpack_rows_t`, `params_t`) with their register tiles (`tiles_q`). Each `pub fn`
+//! is safe: it checks the CPU features and the slice lengths it relies on, then calls a
+//! `#[target_feature]` body. Twins in `scalar.rs`; tests at the bottom compare them.
 //!
 //! Dot-product layout: 64 bytes of a weight row are one zmm of 16 dwords, and the j-th field of
 //! every dword (nibble, or byte at 8 bits) is masked in place (`vpandd`) and converted as
