@@ -1,12 +1,13 @@
-//! The generation driver: runs one or more requests together, block after block.
+//! The generation driver: runs requests together, block after block.
 //!
 //! Each round, the decoder passes of every sequence still denoising run as one batched forward
 //! pass (`TextModel::decode_batch`: the weights are read once for the whole batch), and so do
 //! their prompt prefills, their self-conditioning products and the encoder passes that append
 //! committed blocks. Everything else is per sequence: its cache, its random generator (drawn in
 //! the same order as when it runs alone), sampler state, detokenizer and statistics, so a
-//! sequence's tokens do not depend on what it is batched with. A single `generate` is a batch
-//! of one.
+//! sequence's tokens do not depend on what it is batched with. That is what lets sequences join
+//! ([`Batch::admit`]) and leave ([`Batch::take_finished`]) between any two rounds: a single
+//! `generate` and a fixed batch are runs of one [`Batch`], and the scheduler keeps one alive.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -21,17 +22,67 @@ use crate::prompt::{encoder_input, PreparedPrompt};
 use crate::request::{Request, Sampler};
 use crate::rng::Rng;
 use crate::settings::GenerationSettings;
+use crate::stop::StopStrings;
 
-/// Receives `(sequence index, event)`; `Break` cancels that sequence.
+/// Receives `(sequence key, event)`; `Break` cancels that sequence.
 pub(crate) type OnEvent<'a> = dyn FnMut(usize, Event) -> ControlFlow<()> + 'a;
 
-/// A request resolved against the model and its settings.
-pub(crate) struct Job<'a> {
-    pub request: &'a Request,
+/// A request resolved against the model and its settings: everything a sequence needs, owned.
+pub(crate) struct Job {
     pub prompt: PreparedPrompt,
-    pub settings: &'a GenerationSettings,
-    /// The model's EOS ids (the settings may add more).
-    pub eos: &'a [u32],
+    params: BlockParams,
+    max_tokens: usize,
+    full_canvas: bool,
+    min_canvas: Option<usize>,
+    max_canvas: Option<usize>,
+    seed: u64,
+    stop: Vec<String>,
+    eos: Vec<u32>,
+}
+
+impl Job {
+    /// `eos` is the model's EOS set; the settings may add more.
+    pub fn new(
+        request: &Request,
+        prompt: PreparedPrompt,
+        settings: &GenerationSettings,
+        eos: &[u32],
+    ) -> Self {
+        let mut eos = eos.to_vec();
+        eos.extend(&settings.extra_eos);
+        let sampler = match request.sampler {
+            Sampler::ConfidenceThreshold { threshold } => BlockSampler::Confidence {
+                threshold: threshold as f64,
+            },
+            Sampler::EntropyBound { bound } => BlockSampler::Entropy {
+                bound: bound.map_or(settings.entropy_bound, f64::from),
+            },
+        };
+        Job {
+            prompt,
+            params: BlockParams {
+                len: 0,
+                steps: request.steps.unwrap_or(settings.steps),
+                sampler,
+                temperature: request.temperature as f64,
+                t_min: settings.t_min,
+                t_max: settings.t_max,
+                stop: settings.stop,
+            },
+            max_tokens: request.max_tokens,
+            full_canvas: request.full_canvas,
+            min_canvas: request.min_canvas,
+            max_canvas: request.max_canvas,
+            seed: request.seed,
+            stop: request.stop.clone(),
+            eos,
+        }
+    }
+
+    /// Prompt tokens plus the most tokens it may generate: what it can add to its cache.
+    pub fn tokens(&self) -> usize {
+        self.prompt.ids.len() + self.max_tokens
+    }
 }
 
 enum Phase {
@@ -42,10 +93,11 @@ enum Phase {
 }
 
 /// One request in flight.
-struct Sequence<'a> {
-    index: usize,
-    request: &'a Request,
+struct Sequence {
+    key: usize,
     params: BlockParams,
+    max_tokens: usize,
+    full_canvas: bool,
     model_canvas: usize,
     min_canvas: usize,
     max_canvas: usize,
@@ -54,81 +106,77 @@ struct Sequence<'a> {
     cache: KvCache,
     stats: Stats,
     detok: StreamDetokenizer,
+    stop_strings: StopStrings,
+    stop_sequence: Option<String>,
     text: String,
     tokens: Vec<u32>,
     block: usize,
     phase: Phase,
     finish: FinishReason,
     cancelled: bool,
+    started: Instant,
 }
 
-impl<'a> Sequence<'a> {
-    fn new(index: usize, job: &Job<'a>, model: &TextModel, detok: StreamDetokenizer) -> Self {
-        let (request, settings) = (job.request, job.settings);
-        let mut eos = job.eos.to_vec();
-        eos.extend(&settings.extra_eos);
-        let sampler = match request.sampler {
-            Sampler::ConfidenceThreshold { threshold } => BlockSampler::Confidence {
-                threshold: threshold as f64,
-            },
-            Sampler::EntropyBound { bound } => BlockSampler::Entropy {
-                bound: bound.map_or(settings.entropy_bound, f64::from),
-            },
-        };
+impl Sequence {
+    fn new(key: usize, job: &Job, model: &TextModel, detok: StreamDetokenizer) -> Self {
         let model_canvas = model.config().canvas_length;
-        let max_canvas = if request.full_canvas {
+        let max_canvas = if job.full_canvas {
             model_canvas
         } else {
-            model_canvas.min(request.max_canvas.unwrap_or(model_canvas))
+            model_canvas.min(job.max_canvas.unwrap_or(model_canvas))
         };
         Sequence {
-            index,
-            request,
-            params: BlockParams {
-                len: 0,
-                steps: request.steps.unwrap_or(settings.steps),
-                sampler,
-                temperature: request.temperature as f64,
-                t_min: settings.t_min,
-                t_max: settings.t_max,
-                stop: settings.stop,
-            },
+            key,
+            params: job.params.clone(),
+            max_tokens: job.max_tokens,
+            full_canvas: job.full_canvas,
             model_canvas,
-            min_canvas: max_canvas.min(request.min_canvas.unwrap_or(64)),
+            min_canvas: max_canvas.min(job.min_canvas.unwrap_or(64)),
             max_canvas,
-            eos,
-            rng: Rng::new(request.seed),
+            eos: job.eos.clone(),
+            rng: Rng::new(job.seed),
             cache: model.new_cache(),
             stats: Stats {
                 prompt_tokens: job.prompt.ids.len(),
                 ..Stats::default()
             },
             detok,
+            stop_strings: StopStrings::new(&job.stop),
+            stop_sequence: None,
             text: String::new(),
             tokens: Vec::new(),
             block: 0,
             phase: Phase::Done,
             finish: FinishReason::Length,
             cancelled: false,
+            started: Instant::now(),
         }
     }
 
     fn emit(&mut self, on_event: &mut OnEvent<'_>, event: Event) {
-        if on_event(self.index, event).is_break() {
+        if on_event(self.key, event).is_break() {
             self.cancelled = true;
         }
     }
 
+    /// Cancels within one denoising step: the sequence ends before its next pass.
+    fn cancel(&mut self) {
+        self.cancelled = true;
+        if matches!(self.phase, Phase::Denoising(_)) {
+            self.end();
+        }
+    }
+
     /// Starts the next block, or ends the sequence.
-    fn next_block(&mut self, vocab: usize, started: Instant) -> Result<()> {
-        if self.cancelled || self.stats.generated_tokens >= self.request.max_tokens {
-            self.end(started);
+    fn next_block(&mut self, vocab: usize) -> Result<()> {
+        if self.cancelled || self.stats.generated_tokens >= self.max_tokens {
+            self.end();
             return Ok(());
         }
         self.block += 1;
-        let remaining = self.request.max_tokens - self.stats.generated_tokens;
+        let remaining = self.max_tokens - self.stats.generated_tokens;
         let mut params = self.params.clone();
-        params.len = if self.request.full_canvas {
+        params.len = if self.full_canvas {
             self.model_canvas
         } else {
             self.max_canvas.min(remaining.max(self.min_canvas))
@@ -137,9 +185,24 @@ impl<'a> Sequence<'a> {
         Ok(())
     }
 
-    fn end(&mut self, started: Instant) {
+    fn end(&mut self) {
         self.phase = Phase::Done;
-        self.stats.generation_time = started.elapsed();
+        self.stats.generation_time = self.started.elapsed();
+    }
+
+    /// Passes committed text through the stop strings; true when one was found.
+    fn push_text(&mut self, delta: &str, on_event: &mut OnEvent<'_>) -> bool {
+        let released = self.stop_strings.push(delta);
+        if !released.text.is_empty() {
+            self.text.push_str(&released.text);
+            self.emit(on_event, Event::Text(released.text));
+        }
+        if released.stop.is_some() {
+            self.stop_sequence = released.stop;
+            self.finish = FinishReason::StopSequence;
+            return true;
+        }
+        false
     }
 
     /// Emits the draft of the step just taken.
@@ -157,14 +220,10 @@ impl<'a> Sequence<'a> {
         self.emit(on_event, event);
     }
 
-    /// Commits a finished block: tokens up to an EOS or the token limit, text deltas, the
-    /// block's end; then either ends or queues the block for the cache.
-    fn finish_block(
-        &mut self,
-        result: BlockResult,
-        on_event: &mut OnEvent<'_>,
-        started: Instant,
-    ) -> Result<()> {
+    /// Commits a finished block: tokens up to an EOS, a stop string or the token limit, text
+    /// deltas, the block's end; then either ends or queues the block for the cache. A `Break`
+    /// from any event stops the commit there: the result holds what was delivered.
+    fn finish_block(&mut self, result: BlockResult, on_event: &mut OnEvent<'_>) -> Result<()> {
         let len = result.tokens.len();
         self.stats.canvases += 1;
         self.stats.canvas_tokens += len;
@@ -175,6 +234,9 @@ impl<'a> Sequence<'a> {
         let mut committed = Vec::new();
         let mut stopped = false;
         for &token in &result.tokens {
+            if self.cancelled {
+                break;
+            }
             self.stats.generated_tokens += 1;
             if self.eos.contains(&token) {
                 stopped = true;
@@ -183,24 +245,28 @@ impl<'a> Sequence<'a> {
             }
             committed.push(token);
             if let Some(delta) = self.detok.push(token)?.filter(|d| !d.is_empty()) {
-                self.text.push_str(&delta);
-                self.emit(on_event, Event::Text(delta));
+                if self.push_text(&delta, on_event) {
+                    stopped = true;
+                    break;
+                }
             }
-            if self.stats.generated_tokens >= self.request.max_tokens {
+            if self.stats.generated_tokens >= self.max_tokens {
                 stopped = true;
                 self.finish = FinishReason::Length;
                 break;
             }
         }
         self.tokens.extend(&committed);
-        let event = Event::BlockEnd {
-            block: self.block,
-            steps: result.steps,
-            tokens: committed,
-        };
-        self.emit(on_event, event);
+        if !self.cancelled {
+            let event = Event::BlockEnd {
+                block: self.block,
+                steps: result.steps,
+                tokens: committed,
+            };
+            self.emit(on_event, event);
+        }
         if stopped || self.cancelled {
-            self.end(started);
+            self.end();
         } else {
             // The committed canvas joins the prompt in the cache for the next block.
             self.phase = Phase::Committing(result.tokens);
@@ -209,10 +275,15 @@ impl<'a> Sequence<'a> {
     }
 
     fn into_generation(mut self, on_event: &mut OnEvent<'_>) -> Result<Generation> {
-        let tail = self.detok.flush()?;
-        if !tail.is_empty() {
-            self.text.push_str(&tail);
-            let _ = on_event(self.index, Event::Text(tail));
+        if self.stop_sequence.is_none() && !self.cancelled {
+            let tail = self.detok.flush()?;
+            if !self.push_text(&tail, on_event) {
+                let held = self.stop_strings.flush();
+                if !held.is_empty() {
+                    self.text.push_str(&held);
+                    let _ = on_event(self.key, Event::Text(held));
+                }
+            }
         }
         Ok(Generation {
             text: self.text,
@@ -222,55 +293,139 @@ impl<'a> Sequence<'a> {
             } else {
                 self.finish
             },
+            stop_sequence: self.stop_sequence,
             stats: self.stats,
         })
     }
 }
 
-/// Runs `jobs` to completion; `detok` makes each sequence's streaming detokenizer.
-pub(crate) fn run<'a>(
+/// Sequences generating together.
+#[derive(Default)]
+pub(crate) struct Batch {
+    seqs: Vec<Sequence>,
+}
+
+impl Batch {
+    /// How many sequences need a decoder pass.
+    pub fn denoising(&self) -> usize {
+        self.seqs
+            .iter()
+            .filter(|s| matches!(s.phase, Phase::Denoising(_)))
+            .count()
+    }
+
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Keys of the sequences in the batch.
+    pub fn keys(&self) -> impl Iterator<Item = usize> + '_ {
+        self.seqs.iter().map(|s| s.key)
+    }
+
+    /// Cancels the sequence `key` within one step.
+    pub fn cancel(&mut self, key: usize) {
+        if let Some(seq) = self.seqs.iter_mut().find(|s| s.key == key) {
+            seq.cancel();
+        }
+    }
+
+    /// Adds `(key, job)`s: their prompts are prefilled in one batched encoder pass, then each
+    /// starts its first block. Nothing is added if the pass fails.
+    pub fn admit(
+        &mut self,
+        model: &TextModel,
+        pool: &rayon::ThreadPool,
+        jobs: Vec<(usize, Job)>,
+        detok: impl Fn() -> StreamDetokenizer,
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let mut seqs: Vec<Sequence> = jobs
+            .iter()
+            .map(|(key, job)| Sequence::new(*key, job, model, detok()))
+            .collect();
+        let prompts: Vec<&PreparedPrompt> = jobs.iter().map(|(_, job)| &job.prompt).collect();
+        pool.install(|| prefill(model, &prompts, &mut seqs))?;
+        let prefill_time = start.elapsed();
+        let started = Instant::now();
+        let vocab = model.vocab_size();
+        for seq in &mut seqs {
+            seq.stats.prefill_time = prefill_time;
+            seq.started = started;
+            let prompt_tokens = seq.stats.prompt_tokens;
+            seq.emit(on_event, Event::Prefilled { prompt_tokens });
+            seq.next_block(vocab)?;
+        }
+        self.seqs.extend(seqs);
+        Ok(())
+    }
+
+    /// One round: a denoising step of every denoising sequence, then the cache appends of the
+    /// blocks it committed.
+    pub fn round(
+        &mut self,
+        model: &TextModel,
+        pool: &rayon::ThreadPool,
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<()> {
+        denoise_round(model, pool, &mut self.seqs, on_event)?;
+        commit_round(model, pool, &mut self.seqs)
+    }
+
+    /// Removes the sequences that are done, with their results.
+    pub fn take_finished(
+        &mut self,
+        on_event: &mut OnEvent<'_>,
+    ) -> Vec<(usize, Result<Generation>)> {
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seqs)
+            .into_iter()
+            .partition(|s| matches!(s.phase, Phase::Done));
+        self.seqs = running;
+        done.into_iter()
+            .map(|s| (s.key, s.into_generation(on_event)))
+            .collect()
+    }
+}
+
+/// Runs `jobs` to completion, results in job order; `detok` makes each sequence's streaming
+/// detokenizer.
+pub(crate) fn run(
     model: &TextModel,
     pool: &rayon::ThreadPool,
-    jobs: &[Job<'a>],
+    jobs: Vec<Job>,
     detok: impl Fn() -> StreamDetokenizer,
     on_event: &mut OnEvent<'_>,
 ) -> Result<Vec<Generation>> {
-    let vocab = model.vocab_size();
-    let mut seqs: Vec<Sequence<'a>> = jobs
-        .iter()
-        .enumerate()
-        .map(|(i, job)| Sequence::new(i, job, model, detok()))
-        .collect();
-
-    let start = Instant::now();
-    pool.install(|| prefill(model, jobs, &mut seqs))?;
-    let prefill_time = start.elapsed();
-    let started = Instant::now();
-    for (seq, job) in seqs.iter_mut().zip(jobs) {
-        seq.stats.prefill_time = prefill_time;
-        seq.emit(
-            on_event,
-            Event::Prefilled {
-                prompt_tokens: job.prompt.ids.len(),
-            },
-        );
-        seq.next_block(vocab, started)?;
+    let mut results: Vec<Option<Generation>> = (0..jobs.len()).map(|_| None).collect();
+    let mut batch = Batch::default();
+    batch.admit(
+        model,
+        pool,
+        jobs.into_iter().enumerate().collect(),
+        detok,
+        on_event,
+    )?;
+    loop {
+        for (key, generation) in batch.take_finished(on_event) {
+            results[key] = Some(generation?);
+        }
+        if batch.len() == 0 {
+            break;
+        }
+        batch.round(model, pool, on_event)?;
     }
-
-    while seqs.iter().any(|s| matches!(s.phase, Phase::Denoising(_))) {
-        denoise_round(model, pool, &mut seqs, on_event, started)?;
-        commit_round(model, pool, &mut seqs, started)?;
-    }
-    seqs.into_iter()
-        .map(|s| s.into_generation(on_event))
-        .collect()
+    Ok(results
+        .into_iter()
+        .map(|g| g.expect("every job finishes"))
+        .collect())
 }
 
-/// Prefills every prompt in one batched encoder pass.
-fn prefill(model: &TextModel, jobs: &[Job<'_>], seqs: &mut [Sequence<'_>]) -> Result<()> {
-    let (embeddings, blocks): (Vec<_>, Vec<_>) = jobs
+/// Prefills the prompts in one batched encoder pass.
+fn prefill(model: &TextModel, prompts: &[&PreparedPrompt], seqs: &mut [Sequence]) -> Result<()> {
+    let (embeddings, blocks): (Vec<_>, Vec<_>) = prompts
         .iter()
-        .map(|job| encoder_input(model, &job.prompt))
+        .map(|prompt| encoder_input(model, prompt))
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         .unzip();
@@ -293,13 +448,15 @@ fn prefill(model: &TextModel, jobs: &[Job<'_>], seqs: &mut [Sequence<'_>]) -> Re
 fn denoise_round(
     model: &TextModel,
     pool: &rayon::ThreadPool,
-    seqs: &mut [Sequence<'_>],
+    seqs: &mut [Sequence],
     on_event: &mut OnEvent<'_>,
-    started: Instant,
 ) -> Result<()> {
     let active: Vec<usize> = (0..seqs.len())
         .filter(|&i| matches!(seqs[i].phase, Phase::Denoising(_)))
         .collect();
+    if active.is_empty() {
+        return Ok(());
+    }
     let canvases: Vec<Vec<u32>> = active.iter().map(|&i| state(&seqs[i]).canvas()).collect();
     let inputs: Vec<DecoderInput<'_>> = active
         .iter()
@@ -319,19 +476,19 @@ fn denoise_round(
             unreachable!("active sequences are denoising")
         };
         match state.step(logits, &mut seq.rng)? {
-            Step::Last(result) => seq.finish_block(result, on_event, started)?,
+            Step::Last(result) => seq.finish_block(result, on_event)?,
             Step::Stopped(result) => {
                 seq.emit_draft(on_event);
                 if seq.cancelled {
-                    seq.end(started);
+                    seq.end();
                 } else {
-                    seq.finish_block(result, on_event, started)?;
+                    seq.finish_block(result, on_event)?;
                 }
             }
             Step::Continue(probs) => {
                 seq.emit_draft(on_event);
                 if seq.cancelled {
-                    seq.end(started);
+                    seq.end();
                 } else {
                     continuing.push((i, probs));
                 }
@@ -357,13 +514,8 @@ fn denoise_round(
 
 /// Appends every committed block to its cache in one batched encoder pass, then starts each
 /// sequence's next block.
-fn commit_round(
-    model: &TextModel,
-    pool: &rayon::ThreadPool,
-    seqs: &mut [Sequence<'_>],
-    started: Instant,
-) -> Result<()> {
-    let mut committing: Vec<&mut Sequence<'_>> = seqs
+fn commit_round(model: &TextModel, pool: &rayon::ThreadPool, seqs: &mut [Sequence]) -> Result<()> {
+    let mut committing: Vec<&mut Sequence> = seqs
         .iter_mut()
         .filter(|s| matches!(s.phase, Phase::Committing(_)))
         .collect();
@@ -387,12 +539,12 @@ fn commit_round(
     drop(inputs);
     let vocab = model.vocab_size();
     for seq in committing {
-        seq.next_block(vocab, started)?;
+        seq.next_block(vocab)?;
     }
     Ok(())
 }
 
-fn state<'s>(seq: &'s Sequence<'_>) -> &'s BlockState {
+fn state(seq: &Sequence) -> &BlockState {
     match &seq.phase {
         Phase::Denoising(state) => state,
         _ => unreachable!("only denoising sequences are asked for a canvas"),

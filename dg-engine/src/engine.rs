@@ -276,7 +276,7 @@ impl DiffusionGemma {
     ) -> Result<Generation> {
         request.validate()?;
         let job = self.job(request)?;
-        let mut out = self.run(&[job], &mut |_, event| on_event(event))?;
+        let mut out = self.run(vec![job], &mut |_, event| on_event(event))?;
         Ok(out.pop().expect("one generation per request"))
     }
 
@@ -310,20 +310,20 @@ impl DiffusionGemma {
             .enumerate()
             .map(|(i, request)| self.job(request).map_err(at(i)))
             .collect::<Result<Vec<_>>>()?;
-        self.run(&jobs, &mut on_event)
+        self.run(jobs, &mut on_event)
     }
 
     /// Resolves a validated request: prompt ids, images, settings.
-    fn job<'a>(&'a self, request: &'a Request) -> Result<Job<'a>> {
-        Ok(Job {
+    pub(crate) fn job(&self, request: &Request) -> Result<Job> {
+        Ok(Job::new(
             request,
-            prompt: self.prepare_prompt(request)?,
-            settings: self.settings(&request.defaults),
-            eos: &self.eos,
-        })
+            self.prepare_prompt(request)?,
+            self.settings(&request.defaults),
+            &self.eos,
+        ))
     }
 
-    fn run(&self, jobs: &[Job<'_>], on_event: &mut OnEvent<'_>) -> Result<Vec<Generation>> {
+    fn run(&self, jobs: Vec<Job>, on_event: &mut OnEvent<'_>) -> Result<Vec<Generation>> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
@@ -334,5 +334,10 @@ impl DiffusionGemma {
             || self.tokenizer.stream_detokenizer(),
             on_event,
         )
+    }
+
+    /// The worker pool the numeric kernels run on.
+    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
     }
 }

@@ -45,6 +45,21 @@ pub enum EngineError {
     /// Loading was cancelled by the progress callback.
     #[error("loading was cancelled")]
     Cancelled,
+    /// The scheduler refused a request: its queue or token budget is full. Try again later.
+    #[error("overloaded: {reason}")]
+    Overloaded {
+        /// Which limit was reached.
+        reason: String,
+    },
+    /// The scheduler is shutting down and takes no more requests.
+    #[error("the scheduler is shutting down")]
+    ShuttingDown,
+    /// A forward pass shared by several requests failed; every request in it ends with this.
+    #[error("a batched pass failed: {reason}")]
+    Batch {
+        /// The error of the pass.
+        reason: String,
+    },
 }
 
 impl From<dg_core::CoreError> for EngineError {

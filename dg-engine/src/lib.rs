@@ -11,7 +11,10 @@
 //!
 //! - [`DiffusionGemma`]: load a checkpoint, [`generate`](DiffusionGemma::generate) or stream
 //!   [`Event`]s with [`generate_stream`](DiffusionGemma::generate_stream).
-//! - [`Request`]: prompt and options (sampler, temperature, steps, canvas lengths, seed).
+//! - [`Request`]: prompt and options (sampler, temperature, steps, canvas lengths, seed, stop
+//!   strings).
+//! - [`Scheduler`]: continuous batching for servers: requests submitted at any time from any
+//!   thread share denoising passes; each gets a [`Stream`] of [`Update`]s (sync or async).
 //! - [`rng`]: an MLX-compatible (threefry) random generator, bit-identical to mlx 0.32.4.
 //! - [`sampler`]: the reference's per-step sampling math as pure functions.
 //! - [`mlx_math`]: the MLX CPU kernels (fast `exp`, reductions) those two reproduce.
@@ -26,7 +29,9 @@ mod prompt;
 mod request;
 pub mod rng;
 pub mod sampler;
+mod scheduler;
 mod settings;
+mod stop;
 
 pub use dg_core::{KvCache, SelfConditioning};
 pub use engine::{DiffusionGemma, LoadBuilder};
@@ -35,4 +40,5 @@ pub use output::{Event, FinishReason, Generation, Stats};
 pub use prompt::{Image, PreparedPrompt};
 pub use request::{Defaults, Message, Prompt, Request, Sampler};
 pub use rng::Rng;
+pub use scheduler::{Scheduler, SchedulerOptions, SchedulerStatus, Stream, Update};
 pub use settings::GenerationSettings;

@@ -9,9 +9,11 @@ use std::time::Duration;
 pub enum FinishReason {
     /// An EOS token was generated.
     Stop,
+    /// One of the request's stop strings was generated ([`Generation::stop_sequence`]).
+    StopSequence,
     /// `max_tokens` was reached.
     Length,
-    /// The event callback asked to stop.
+    /// The event callback, the stream's consumer or a shutdown asked to stop.
     Cancelled,
 }
 
@@ -102,10 +104,13 @@ impl Stats {
 /// The result of a generation.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Generation {
-    /// Decoded text of the generated tokens (EOS excluded).
+    /// Decoded text of the generated tokens (EOS excluded), cut before a stop string.
     pub text: String,
-    /// Generated token ids (EOS excluded).
+    /// Generated token ids (EOS excluded; after a stop string, up to the token that completed
+    /// it).
     pub token_ids: Vec<u32>,
     pub finish_reason: FinishReason,
+    /// The stop string that ended generation (it and what followed it are not in `text`).
+    pub stop_sequence: Option<String>,
     pub stats: Stats,
 }

@@ -84,6 +84,9 @@ pub struct Request {
     pub defaults: Defaults,
     /// Images, one per image placeholder in the prompt, in order.
     pub images: Vec<Image>,
+    /// Stop strings: generation ends when the text contains one; the text is cut before it.
+    /// Text is held back while it could still begin one, also across blocks.
+    pub stop: Vec<String>,
 }
 
 impl Request {
@@ -100,6 +103,7 @@ impl Request {
             seed: 0,
             defaults: Defaults::default(),
             images: Vec::new(),
+            stop: Vec::new(),
         }
     }
 
@@ -148,6 +152,9 @@ impl Request {
         }
         if self.max_canvas == Some(0) {
             return bad("max_canvas", "must be at least 1".into());
+        }
+        if let Some(i) = self.stop.iter().position(String::is_empty) {
+            return bad("stop", format!("stop string {i} is empty"));
         }
         match self.sampler {
             Sampler::ConfidenceThreshold { threshold } if !(0.0..=1.0).contains(&threshold) => {
