@@ -10,63 +10,13 @@
 use std::ops::ControlFlow;
 
 use dg_engine::{
-    Defaults, DiffusionGemma, EngineError, Event, FinishReason, Generation, GenerationSettings,
-    Message, Prompt, Request, Sampler,
+    DiffusionGemma, EngineError, Event, FinishReason, Generation, Prompt, Request, Sampler,
 };
 use serde_json::Value;
 
 mod common;
 
-use common::{fixtures, ids, load_json};
-
-fn goldens() -> Vec<Value> {
-    load_json("generate_tiny.json")["cases"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-fn request(case: &Value) -> Request {
-    let prompt = &case["prompt"];
-    let mut r = match prompt["kind"].as_str().unwrap() {
-        "text" => Request::text(prompt["text"].as_str().unwrap()),
-        "chat" => Request::chat(
-            prompt["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-                .collect(),
-        ),
-        other => panic!("unknown prompt kind {other}"),
-    };
-    let o = &case["options"];
-    r.max_tokens = o["max_tokens"].as_u64().unwrap() as usize;
-    r.temperature = o["temperature"].as_f64().unwrap() as f32;
-    r.seed = o["seed"].as_u64().unwrap();
-    r.steps = o.get("steps").and_then(Value::as_u64).map(|s| s as usize);
-    r.min_canvas = o
-        .get("min_canvas")
-        .and_then(Value::as_u64)
-        .map(|s| s as usize);
-    r.max_canvas = o
-        .get("max_canvas")
-        .and_then(Value::as_u64)
-        .map(|s| s as usize);
-    r.sampler = match o["sampler"].as_str().unwrap() {
-        "confidence-threshold" => Sampler::ConfidenceThreshold {
-            threshold: o.get("threshold").and_then(Value::as_f64).unwrap_or(0.9) as f32,
-        },
-        "entropy-bound" => Sampler::EntropyBound { bound: None },
-        other => panic!("unknown sampler {other}"),
-    };
-    // The reference reads only a generation config set on the model config.
-    r.defaults = match o.get("generation_config") {
-        Some(g) => Defaults::Custom(GenerationSettings::resolve(Some(g)).unwrap()),
-        None => Defaults::Reference,
-    };
-    r
-}
+use common::{fixtures, golden_request as request, goldens, ids};
 
 /// What a streamed generation showed: block 1's per-step revealed masks, and (block, steps)
 /// of each block end.

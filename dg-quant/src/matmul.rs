@@ -1,36 +1,30 @@
 //! Quantized matrix products (`mx.quantized_matmul`, `mx.gather_qmm`) and the plain f32 GEMM.
 //!
-//! `x [m, k] @ W^T` picks one of these strategies by the number of activation rows `m`:
-//! - few rows (memory-bound; up to 2 at 4 bits and 3 at 8 bits on AVX-512, else 8): fused
-//!   kernels read each packed weight once per pair of x rows and never build the f32 matrix:
-//!   `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`;
-//! - more, 4- and 8-bit weights on AVX-512 (every layer of the real model): each task
-//!   transposes 32 weight rows' quantized values into a k-major f32 panel, 128 columns at a
-//!   time, and broadcasts `x` against it in 12x32 register tiles (no row padding), with the same
-//!   group form of scales and biases; `x` is taken in blocks of rows that stay in L2, one pass
-//!   over the weights per block;
-//! - otherwise `8 < m <= 48`: `x` is transposed once; each task dequantizes (exactly, as
-//!   `dequantize`) 256-wide chunks of its weight rows and accumulates 16x6 register tiles;
-//! - and `m > 48`: each task dequantizes a 64-row panel of `W` and multiplies it with the
-//!   `gemm` crate.
+//! The strategy of each product is chosen by the weights' format and the CPU, never by the
+//! number of activation rows: every row is computed exactly as it would be alone, so a
+//! sequence gets the same bits, and the same tokens, whatever it is batched with (tested by
+//! `each_row_is_computed_as_it_is_alone`).
 //!
-//! `x @ W` (soft embeddings) dequantizes weight rows in their natural layout (16 output
-//! columns per pair of vectors) and accumulates them over the reduction axis: for `m <= 48`
-//! the axis is split into fixed chunks of whole rows (contiguous reads) whose partial sums are
-//! added in chunk order (fma rows into every x row up to 4 rows on AVX-512, 8 elsewhere,
-//! register tiles beyond);
-//! for more rows, 256-column tasks walk the axis in order with register tiles, in fixed chunks
-//! of 32768 weight rows whose partial sums are added in chunk order (a vocab-sized `W` gives
-//! enough tasks for a many-core CPU).
+//! `x [m, k] @ W^T`:
+//! - 4- and 8-bit weights on AVX-512 (every layer of the real model): each task transposes 32
+//!   weight rows' quantized values into a k-major f32 panel, 128 columns at a time, and
+//!   broadcasts `x` against it in 12x32 register tiles (no row padding), applying each group's
+//!   scale and bias to the partial sums: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g
+//!   sum(x_g)`; `x` is taken in blocks of rows that stay in L2, one pass over the weights per
+//!   block;
+//! - otherwise `x` is transposed once; each task dequantizes (exactly, as `dequantize`)
+//!   256-wide chunks of its weight rows and accumulates 16x6 register tiles.
 //!
-//! `gather_matmul_t` groups the pairs by expert; each expert is one task that runs the
-//! strategy its pair count calls for.
+//! `x @ W` (soft embeddings): 256-column tasks walk the reduction axis in order with register
+//! tiles, in fixed chunks of 32768 weight rows whose partial sums are added in chunk order (a
+//! vocab-sized `W` gives enough tasks for a many-core CPU).
+//!
+//! `gather_matmul_t` groups the pairs by expert; each expert is one task.
 //!
 //! Work is split into fixed panels independent of the thread count, and each output element
-//! is reduced by one task in a fixed order, so results do not depend on the pool size. They
-//! may differ in the last bits between strategies (different summation orders), i.e. with
-//! `m`. MLX itself sums `x_k * (scale * q_k + bias)` sequentially in f32 without FMA (`_qmm_t`;
-//! checked bit for bit); tests/goldens.rs states the tolerance this implies.
+//! is reduced by one task in a fixed order, so results depend neither on the pool size nor on
+//! the other rows. MLX itself sums `x_k * (scale * q_k + bias)` sequentially in f32 without
+//! FMA (`_qmm_t`; checked bit for bit); tests/goldens.rs states the tolerance this implies.
 
 use rayon::prelude::*;
 
@@ -39,35 +33,6 @@ use crate::kernels::{self, gemm::par_column_panels};
 use crate::scratch::with_buffer;
 use crate::{QExperts, QMatrix, QuantError};
 
-/// Up to this many activation rows use the fused kernels (each weight row decoded once per
-/// pair of activation rows; memory-bound at one row), where the unpacked panels do not run.
-const FUSED_MAX_M: usize = 8;
-
-/// Most activation rows for the fused `x @ W^T` kernels with weights of `spec`. Where the
-/// unpacked panels run (AVX-512, 4 and 8 bits), they win from 3 rows at 4 bits and from 4 at
-/// 8 bits: 4096 x 2816 from DRAM, paired runs on Emerald Rapids, unpacked / fused at
-/// 2 / 3 / 4 / 6 / 8 rows: 4-bit 0.65-0.70 / 1.05-1.15 / 1.18-1.27 / 1.50-1.65 / 1.71-1.74,
-/// 8-bit 0.62-0.65 / 0.93-0.97 / 1.03-1.19 / 1.35-1.42 / 1.59-1.65 (1 and 2 threads; one
-/// expert's gate_up alike). Elsewhere `FUSED_MAX_M` (crossover measured on Zen 3/4).
-fn fused_max_m(spec: crate::QuantSpec) -> usize {
-    match (kernels::unpacked_panels(spec), spec.bits) {
-        (true, 4) => 2,
-        (true, _) => 3,
-        (false, _) => FUSED_MAX_M,
-    }
-}
-
-/// Up to this many rows use the register-tiled kernel; more use the `gemm` crate on
-/// dequantized panels (measured crossovers on Zen 3/4: about 8 and 48-64 rows).
-const TILED_MAX_M: usize = 48;
-/// Output rows of `W` per task in the fused `x @ W^T` kernel.
-const FUSED_ROWS_PER_TASK: usize = 64;
-/// Rows of `W` dequantized per panel in the GEMM path of `x @ W^T`.
-const PANEL_ROWS: usize = 64;
-/// Up to this many activation rows, `x @ W` splits the reduction axis (see `matmul`).
-const XW_SPLIT_MAX_M: usize = 48;
-/// Weight rows dequantized per step of the split `x @ W` path with register tiles.
-const XW_STEP: usize = 32;
 /// Output columns per block of `x @ W`: a block's dequantized weights stay in L1/L2 (a
 /// multiple of every group size).
 const XW_BLOCK_COLS: usize = 256;
@@ -77,8 +42,7 @@ const XW_BLOCK_COLS: usize = 256;
 const XW_STRIP: usize = 32;
 /// Rows of `W` (the reduction axis) dequantized per step of `x @ W`.
 const PANEL_DEPTH: usize = 256;
-/// Rows of `W` per reduction chunk of `x @ W` beyond `XW_SPLIT_MAX_M` rows of `x` (a multiple
-/// of `PANEL_DEPTH`).
+/// Rows of `W` per reduction chunk of `x @ W` (a multiple of `PANEL_DEPTH`).
 const XW_REDUCE_ROWS: usize = 32768;
 
 fn check_x(what: &'static str, x: &[f32], m: usize, width: usize) -> Result<(), QuantError> {
@@ -110,64 +74,13 @@ fn matmul_t_unchecked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
     matmul_t_strategy(x, m, w, out, true);
 }
 
-/// Runs the strategy `m` calls for (see the module docs); `parallel`: panels spread over the
-/// current pool, else run on this thread.
+/// Runs the strategy of `w`'s format on this CPU (see the module docs); `parallel`: panels
+/// spread over the current pool, else run on this thread.
 fn matmul_t_strategy(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
-    if m <= fused_max_m(w.spec) {
-        matmul_t_fused(x, m, w, out, parallel);
-    } else if kernels::unpacked_panels(w.spec) {
+    if kernels::unpacked_panels(w.spec) {
         matmul_t_unpacked(x, m, w, out, parallel);
-    } else if m <= TILED_MAX_M {
+    } else {
         matmul_t_tiled(x, m, w, out, parallel);
-    } else {
-        matmul_t_panels(x, m, w, out, parallel);
-    }
-}
-
-/// Fused path: each task owns `FUSED_ROWS_PER_TASK` rows of `W` and computes them for every
-/// row of `x` while they are in cache.
-fn matmul_t_fused(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
-    let xs: Vec<kernels::PreparedX> = x
-        .chunks_exact(w.cols)
-        .map(|xr| kernels::prepare_x(xr, w.spec))
-        .collect();
-    let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
-        let (r0, r1) = (panel.start(), panel.start() + panel.width());
-        let rows = w.row_slice(r0, r1);
-        let mut i = 0;
-        while i < m {
-            if i + 1 < m {
-                // Two x rows per pass: each weight row is decoded once for both.
-                let mut a = vec![0.0f32; r1 - r0];
-                kernels::dot_rows2(
-                    &xs[i],
-                    &xs[i + 1],
-                    rows.packed,
-                    rows.scales,
-                    rows.biases,
-                    w.spec,
-                    &mut a,
-                    panel.row_mut(i + 1),
-                );
-                panel.row_mut(i).copy_from_slice(&a);
-                i += 2;
-            } else {
-                kernels::dot_rows(
-                    &xs[i],
-                    rows.packed,
-                    rows.scales,
-                    rows.biases,
-                    w.spec,
-                    panel.row_mut(i),
-                );
-                i += 1;
-            }
-        }
-    };
-    if parallel {
-        par_column_panels(out, m, w.rows, FUSED_ROWS_PER_TASK, |mut p| task(&mut p));
-    } else {
-        kernels::gemm::seq_column_panels(out, m, w.rows, w.rows, |mut p| task(&mut p));
     }
 }
 
@@ -429,25 +342,6 @@ fn dequant_rows(w: &QMatrix, r0: usize, r1: usize, buf: &mut [f32]) {
     }
 }
 
-/// GEMM path: each task dequantizes `PANEL_ROWS` rows of `W` and multiplies them with all of
-/// `x`.
-fn matmul_t_panels(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
-    let k = w.cols;
-    let task = |panel: &mut kernels::gemm::ColumnPanel<'_>| {
-        let (r0, nr) = (panel.start(), panel.width());
-        with_buffer(nr * k, |buf| {
-            dequant_rows(w, r0, r0 + nr, buf);
-            // rhs[kk][j] = W[r0 + j][kk]: row stride 1, column stride k.
-            panel.gemm(k, false, x, k, buf, 1, k);
-        });
-    };
-    if parallel {
-        par_column_panels(out, m, w.rows, PANEL_ROWS, |mut p| task(&mut p));
-    } else {
-        kernels::gemm::seq_column_panels(out, m, w.rows, PANEL_ROWS, |mut p| task(&mut p));
-    }
-}
-
 /// `out [m, cols] = x [m, rows] @ W` (`mx.quantized_matmul(..., transpose=False)`; the
 /// soft-embedding product `probs @ embed`).
 pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), QuantError> {
@@ -461,75 +355,26 @@ pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), Q
         return Ok(());
     }
     let cols = w.cols;
-    if m <= XW_SPLIT_MAX_M {
-        // Few rows: the reduction axis is split into fixed chunks of whole weight rows (read
-        // once, contiguously), and the chunks' partial products are added in chunk order.
-        // Up to `xw_fma_rows_max_m()` rows, each weight row is dequantized and accumulated
-        // into every x row with fma; beyond, XW_STEP rows at a time are dequantized and
-        // multiplied in register tiles.
-        let depth = xw_chunk_rows(w.rows, m);
-        let chunks = w.rows.div_ceil(depth);
+    // Tasks: column blocks x reduction chunks of XW_REDUCE_ROWS (fixed, so neither the
+    // split nor the order of the sums depends on the thread count: a vocab of 262144 rows
+    // gives 8 chunks x 11 blocks = 88 tasks, where the blocks alone were 11, too few for
+    // a many-core CPU); the chunks' partial products are added in chunk order. On 2 cores
+    // the split changes nothing (m = 256, vocab 65536: 0.98x, median of 7 paired runs,
+    // within noise); the gain beyond 11 cores is not measured here.
+    let chunks = w.rows.div_ceil(XW_REDUCE_ROWS);
+    if chunks == 1 {
+        xw_column_blocks(x, m, w, (0, w.rows), out);
+    } else {
         with_buffer(chunks * m * cols, |partials| {
             partials
                 .par_chunks_mut(m * cols)
                 .enumerate()
                 .for_each(|(c, p)| {
-                    let (r0, r1) = (c * depth, ((c + 1) * depth).min(w.rows));
-                    p.fill(0.0);
-                    if m <= xw_fma_rows_max_m() {
-                        with_buffer(cols, |row| {
-                            for r in r0..r1 {
-                                dequant_part(w, r, 0, cols, row);
-                                for (i, pi) in p.chunks_exact_mut(cols).enumerate() {
-                                    kernels::axpy(x[i * w.rows + r], row, pi);
-                                }
-                            }
-                        });
-                    } else {
-                        with_buffer(XW_STEP * cols + cols, |buf| {
-                            let (buf, tmp) = buf.split_at_mut(XW_STEP * cols);
-                            for s0 in (r0..r1).step_by(XW_STEP) {
-                                let s1 = (s0 + XW_STEP).min(r1);
-                                xw_accumulate(
-                                    (&x[s0..], w.rows),
-                                    m,
-                                    w,
-                                    (s0, s1),
-                                    (0, cols),
-                                    p,
-                                    cols,
-                                    s0 > r0,
-                                    buf,
-                                    tmp,
-                                );
-                            }
-                        });
-                    }
+                    let r1 = ((c + 1) * XW_REDUCE_ROWS).min(w.rows);
+                    xw_column_blocks(x, m, w, (c * XW_REDUCE_ROWS, r1), p);
                 });
             sum_partials(partials, out);
         });
-    } else {
-        // Tasks: column blocks x reduction chunks of XW_REDUCE_ROWS (fixed, so neither the
-        // split nor the order of the sums depends on the thread count: a vocab of 262144 rows
-        // gives 8 chunks x 11 blocks = 88 tasks, where the blocks alone were 11, too few for
-        // a many-core CPU); the chunks' partial products are added in chunk order. On 2 cores
-        // the split changes nothing (m = 256, vocab 65536: 0.98x, median of 7 paired runs,
-        // within noise); the gain beyond 11 cores is not measured here.
-        let chunks = w.rows.div_ceil(XW_REDUCE_ROWS);
-        if chunks == 1 {
-            xw_column_blocks(x, m, w, (0, w.rows), out);
-        } else {
-            with_buffer(chunks * m * cols, |partials| {
-                partials
-                    .par_chunks_mut(m * cols)
-                    .enumerate()
-                    .for_each(|(c, p)| {
-                        let r1 = ((c + 1) * XW_REDUCE_ROWS).min(w.rows);
-                        xw_column_blocks(x, m, w, (c * XW_REDUCE_ROWS, r1), p);
-                    });
-                sum_partials(partials, out);
-            });
-        }
     }
     Ok(())
 }
@@ -628,27 +473,6 @@ fn xw_accumulate(
             load,
         );
     }
-}
-
-/// Most activation rows for which the split `x @ W` path accumulates dequantized weight rows
-/// into every x row with fma (beyond: register tiles). With the AVX-512 tiles, the tiles win
-/// from 5 rows: 32768 x 2816 4-bit, paired, tiles / fma rows at 4 / 5 / 6 / 8 rows:
-/// 0.88-0.96 / 1.11-1.18 / 1.28-1.33 / 1.55-1.57 (1 and 2 threads). Elsewhere `FUSED_MAX_M`
-/// (the AVX2 tiles on that machine: 0.78-0.95 / 1.03-1.04 / 1.15-1.17 at 4 / 5 / 6).
-fn xw_fma_rows_max_m() -> usize {
-    if kernels::level() == kernels::Level::Avx512 {
-        4
-    } else {
-        FUSED_MAX_M
-    }
-}
-
-/// Rows of the reduction axis per chunk of the split `x @ W` path: at least 256, and at most
-/// 64 chunks up to 8 activation rows, 16 beyond (the partial sums' memory); a function of the
-/// shape only, never of the thread count.
-fn xw_chunk_rows(rows: usize, m: usize) -> usize {
-    let max_chunks = if m <= FUSED_MAX_M { 64 } else { 16 };
-    rows.div_ceil(max_chunks).max(256)
 }
 
 /// MoE gathered product (`mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose=True)`):
@@ -867,9 +691,8 @@ mod tests {
     fn matmul_reduction_chunks_match_the_formula_and_any_thread_count() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(15);
         let spec = QuantSpec::new(4, 64).unwrap();
-        // Two reduction chunks (the second partial) at more than XW_SPLIT_MAX_M rows of x;
-        // a full and a partial column block.
-        let (m, rows, cols) = (XW_SPLIT_MAX_M + 1, XW_REDUCE_ROWS + 300, XW_BLOCK_COLS + 64);
+        // Two reduction chunks (the second partial); a full and a partial column block.
+        let (m, rows, cols) = (7, XW_REDUCE_ROWS + 300, XW_BLOCK_COLS + 64);
         let q = random_q(&mut rng, rows, cols, spec);
         let w = q.view(rows, cols, spec).unwrap();
         let mut deq = vec![0.0f32; rows * cols];
@@ -1031,6 +854,56 @@ mod tests {
                     run(threads) == one,
                     "m={m}: {threads} threads differ from 1"
                 );
+            }
+        }
+    }
+
+    /// A row's result must not depend on the rows computed with it: batched sequences get
+    /// the bits they get alone (and so the tokens).
+    #[test]
+    fn each_row_is_computed_as_it_is_alone() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+        for bits in [4, 8] {
+            let spec = QuantSpec::new(bits, 64).unwrap();
+            let (rows, cols) = (96, 640);
+            let q = random_q(&mut rng, rows, cols, spec);
+            let w = q.view(rows, cols, spec).unwrap();
+            let e =
+                QExperts::new(&q.packed, &q.scales, &q.biases, 4, rows / 4, cols, spec).unwrap();
+            let big = random_q(&mut rng, 40000, 64, spec);
+            let wide = big.view(40000, 64, spec).unwrap();
+            for m in [2usize, 3, 4, 5, 9, 13, 49, 97] {
+                let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let mut all = vec![0.0f32; m * rows];
+                matmul_t(&x, m, &w, &mut all).unwrap();
+                let pairs: Vec<(usize, usize)> = (0..m).map(|i| (i, i % 2)).collect();
+                let mut gathered = vec![0.0f32; m * (rows / 4)];
+                gather_matmul_t(&x, m, &e, &pairs, &mut gathered).unwrap();
+                let xn: Vec<f32> = (0..m * 40000).map(|_| rng.gen_range(0.0..1e-4)).collect();
+                let mut xw = vec![0.0f32; m * 64];
+                matmul(&xn, m, &wide, &mut xw).unwrap();
+                for i in 0..m {
+                    let xi = &x[i * cols..(i + 1) * cols];
+                    let mut one = vec![0.0f32; rows];
+                    matmul_t(xi, 1, &w, &mut one).unwrap();
+                    assert!(
+                        one == all[i * rows..(i + 1) * rows],
+                        "x @ W^T, {bits} bits, row {i} of {m}"
+                    );
+                    let mut g = vec![0.0f32; rows / 4];
+                    gather_matmul_t(xi, 1, &e, &[(0, i % 2)], &mut g).unwrap();
+                    let n = rows / 4;
+                    assert!(
+                        g == gathered[i * n..(i + 1) * n],
+                        "experts, {bits} bits, row {i} of {m}"
+                    );
+                    let mut o = vec![0.0f32; 64];
+                    matmul(&xn[i * 40000..(i + 1) * 40000], 1, &wide, &mut o).unwrap();
+                    assert!(
+                        o == xw[i * 64..(i + 1) * 64],
+                        "x @ W, {bits} bits, row {i} of {m}"
+                    );
+                }
             }
         }
     }

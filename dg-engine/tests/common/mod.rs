@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use dg_engine::rng::Key;
+use dg_engine::{Defaults, GenerationSettings, Message, Request, Sampler};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -116,4 +117,55 @@ pub fn ids(v: &Value) -> Vec<u32> {
 pub fn key_of(v: &Value) -> Key {
     let k = usizes(v);
     [k[0] as u32, k[1] as u32]
+}
+
+/// The cases of generate_tiny.json (the `tiny` fixture).
+pub fn goldens() -> Vec<Value> {
+    load_json("generate_tiny.json")["cases"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The request a golden case describes.
+pub fn golden_request(case: &Value) -> Request {
+    let prompt = &case["prompt"];
+    let mut r = match prompt["kind"].as_str().unwrap() {
+        "text" => Request::text(prompt["text"].as_str().unwrap()),
+        "chat" => Request::chat(
+            prompt["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect(),
+        ),
+        other => panic!("unknown prompt kind {other}"),
+    };
+    let o = &case["options"];
+    r.max_tokens = o["max_tokens"].as_u64().unwrap() as usize;
+    r.temperature = o["temperature"].as_f64().unwrap() as f32;
+    r.seed = o["seed"].as_u64().unwrap();
+    r.steps = o.get("steps").and_then(Value::as_u64).map(|s| s as usize);
+    r.min_canvas = o
+        .get("min_canvas")
+        .and_then(Value::as_u64)
+        .map(|s| s as usize);
+    r.max_canvas = o
+        .get("max_canvas")
+        .and_then(Value::as_u64)
+        .map(|s| s as usize);
+    r.sampler = match o["sampler"].as_str().unwrap() {
+        "confidence-threshold" => Sampler::ConfidenceThreshold {
+            threshold: o.get("threshold").and_then(Value::as_f64).unwrap_or(0.9) as f32,
+        },
+        "entropy-bound" => Sampler::EntropyBound { bound: None },
+        other => panic!("unknown sampler {other}"),
+    };
+    // The reference reads only a generation config set on the model config.
+    r.defaults = match o.get("generation_config") {
+        Some(g) => Defaults::Custom(GenerationSettings::resolve(Some(g)).unwrap()),
+        None => Defaults::Reference,
+    };
+    r
 }
