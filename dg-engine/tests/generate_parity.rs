@@ -306,3 +306,27 @@ fn one_model_serves_several_threads() {
         }
     });
 }
+
+#[test]
+fn break_on_a_text_event_stops_delivery_at_once() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let case = &goldens()[0];
+    let mut events_after = 0;
+    let mut first = None;
+    let gen = model
+        .generate_stream(&request(case), |e| {
+            if first.is_some() {
+                events_after += 1;
+            }
+            if let Event::Text(t) = e {
+                first.get_or_insert(t);
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(events_after, 0, "no event after the Break");
+    assert_eq!(gen.finish_reason, FinishReason::Cancelled);
+    assert_eq!(Some(gen.text), first, "the result holds what was delivered");
+    assert_eq!(gen.token_ids.len(), 1);
+}
