@@ -1,0 +1,531 @@
+//! The OpenAI routes: `POST /v1/chat/completions` and `POST /v1/completions`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::Response;
+use dg_engine::{FinishReason, Generation, Image, Message, Request};
+use dg_tokenize::{Content, ContentPart};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::generate::{self, data, Frames, Submitted};
+use crate::images;
+use crate::metrics::{Endpoint, Record};
+use crate::params::{self, Common, Diffusion, Stop};
+use crate::state::Server;
+
+#[derive(Deserialize, Debug, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize, Debug)]
+struct ChatRequest {
+    messages: Vec<Map<String, Value>>,
+    #[serde(default)]
+    max_tokens: Option<usize>,
+    #[serde(default)]
+    max_completion_tokens: Option<usize>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    logprobs: Option<bool>,
+    #[serde(flatten)]
+    diffusion: Diffusion,
+}
+
+#[derive(Deserialize, Debug)]
+struct CompletionRequest {
+    prompt: Value,
+    #[serde(default)]
+    max_tokens: Option<usize>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    best_of: Option<u64>,
+    #[serde(default)]
+    echo: Option<bool>,
+    #[serde(default)]
+    suffix: Option<String>,
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(flatten)]
+    diffusion: Diffusion,
+}
+
+/// The OpenAI finish reason. A generation cancelled by a shutdown ends with `"cancelled"`
+/// (not an OpenAI value; clients parse it as a string).
+fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop | FinishReason::StopSequence => "stop",
+        FinishReason::Length => "length",
+        _ => "cancelled",
+    }
+}
+
+fn usage(g: &Generation) -> Value {
+    let (prompt, completion) = (g.stats.prompt_tokens, g.stats.generated_tokens);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+fn check_n(n: Option<u64>, param: &str) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(params::unsupported(param, "more than one choice")),
+    }
+}
+
+/// A content part's text, or an image (pushed to `images`).
+fn chat_part(
+    part: &Value,
+    param: &str,
+    images: &mut Vec<Image>,
+    max_image_bytes: usize,
+) -> Result<ContentPart, ApiError> {
+    let kind = part
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(format!("{param}.type"), "a content part needs a type"))?;
+    match kind {
+        "text" => {
+            let text = part.get("text").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(format!("{param}.text"), "a text part needs a string text")
+            })?;
+            Ok(ContentPart::text(text))
+        }
+        "image_url" => {
+            let param = format!("{param}.image_url");
+            let url = match part.get("image_url") {
+                Some(Value::String(url)) => url.as_str(),
+                Some(Value::Object(o)) => {
+                    o.get("url").and_then(Value::as_str).ok_or_else(|| {
+                        ApiError::invalid(format!("{param}.url"), "image_url needs a string url")
+                    })?
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        param,
+                        "an image_url part needs {\"url\": \"data:...\"}",
+                    ))
+                }
+            };
+            images.push(images::decode_url(url, &param, max_image_bytes)?);
+            Ok(ContentPart::image())
+        }
+        other => Err(ApiError::invalid(
+            format!("{param}.type"),
+            format!("content parts of type {other:?} are not supported (text and image_url are)"),
+        )),
+    }
+}
+
+/// The chat messages as the template reads them, and their images in order.
+fn chat_messages(
+    messages: Vec<Map<String, Value>>,
+    max_image_bytes: usize,
+) -> Result<(Vec<Message>, Vec<Image>), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "at least one message is needed",
+        ));
+    }
+    let mut images = Vec::new();
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, mut m) in messages.into_iter().enumerate() {
+        let at = |field: &str| format!("messages[{i}].{field}");
+        let role = match m.remove("role") {
+            Some(Value::String(role)) => role,
+            _ => {
+                return Err(ApiError::invalid(
+                    at("role"),
+                    "a message needs a string role",
+                ))
+            }
+        };
+        if !matches!(
+            role.as_str(),
+            "system" | "developer" | "user" | "assistant" | "tool"
+        ) {
+            return Err(ApiError::invalid(
+                at("role"),
+                format!("unknown role {role:?} (system, developer, user, assistant, tool)"),
+            ));
+        }
+        let content = match m.remove("content") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(text)) => Some(Content::Text(text)),
+            Some(Value::Array(parts)) => {
+                let parts = parts
+                    .iter()
+                    .enumerate()
+                    .map(|(j, part)| {
+                        chat_part(
+                            part,
+                            &format!("messages[{i}].content[{j}]"),
+                            &mut images,
+                            max_image_bytes,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some(if parts.iter().all(|p| p.kind == "text") {
+                    // Text-only parts: one string, as every template reads it.
+                    Content::Text(parts.into_iter().filter_map(|p| p.text).collect())
+                } else {
+                    Content::Parts(parts)
+                })
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    at("content"),
+                    "content must be a string or a list of parts",
+                ))
+            }
+        };
+        out.push(Message {
+            role,
+            content,
+            extra: m,
+        });
+    }
+    Ok((out, images))
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(
+    State(server): State<Server>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut record = Record::start(server.metrics().clone(), Endpoint::ChatCompletions);
+    let parsed = (|| {
+        let body = params::body(body)?;
+        let req: ChatRequest = params::parse_json(&body)?;
+        check_n(req.n, "n")?;
+        if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(params::unsupported("tools", "tool calling"));
+        }
+        if req.logprobs == Some(true) {
+            return Err(params::unsupported("logprobs", "log probabilities"));
+        }
+        let (messages, images) = chat_messages(req.messages, server.options().max_image_bytes)?;
+        let mut request = Request::chat(messages);
+        request.images = images;
+        req.diffusion.apply(&mut request)?;
+        Common {
+            max_tokens: req.max_completion_tokens.or(req.max_tokens),
+            temperature: req.temperature,
+            seed: req.seed,
+            stop: req.stop.map(Stop::into_vec).unwrap_or_default(),
+        }
+        .apply(&mut request, server.options().default_max_tokens);
+        let include_usage = req
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok((
+            request,
+            req.stream.unwrap_or(false),
+            include_usage,
+            req.diffusion.drafts.unwrap_or(false),
+        ))
+    })();
+    let (request, streaming, include_usage, drafts) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            record.failed(&e);
+            generate::log_error(Endpoint::ChatCompletions, &e);
+            return Err(e);
+        }
+    };
+    let (stream, scheduler) = generate::submit(&server, request, &mut record).await?;
+    let submitted = Submitted {
+        stream,
+        scheduler,
+        record,
+    };
+    let id = params::new_id("chatcmpl-");
+    let created = params::now();
+    let model = server.options().model_name.clone();
+    if streaming {
+        let frames = ChatFrames {
+            id,
+            created,
+            model,
+            include_usage,
+        };
+        return generate::stream(submitted, frames, drafts).await;
+    }
+    let (g, _record) = generate::collect(submitted).await?;
+    Ok(generate::json_response(&json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": g.text, "refusal": null },
+            "logprobs": null,
+            "finish_reason": finish_reason(g.finish_reason),
+        }],
+        "usage": usage(&g),
+        "system_fingerprint": null,
+    })))
+}
+
+struct ChatFrames {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl ChatFrames {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        });
+        if self.include_usage {
+            chunk["usage"] = usage.unwrap_or(Value::Null);
+        }
+        chunk
+    }
+
+    fn delta(&self, delta: Value, finish: Option<&str>) -> Value {
+        self.chunk(
+            json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]),
+            None,
+        )
+    }
+}
+
+impl Frames for ChatFrames {
+    fn open(&mut self, _prompt_tokens: Option<usize>, out: &mut String) {
+        data(
+            out,
+            &self.delta(json!({ "role": "assistant", "content": "" }), None),
+        );
+    }
+
+    fn text(&mut self, delta: &str, out: &mut String) {
+        data(out, &self.delta(json!({ "content": delta }), None));
+    }
+
+    fn finish(&mut self, g: &Generation, out: &mut String) {
+        data(
+            out,
+            &self.delta(json!({}), Some(finish_reason(g.finish_reason))),
+        );
+        if self.include_usage {
+            data(out, &self.chunk(json!([]), Some(usage(g))));
+        }
+        out.push_str("data: [DONE]\n\n");
+    }
+
+    fn fail(&mut self, error: &ApiError, out: &mut String) {
+        data(out, &error.body());
+        out.push_str("data: [DONE]\n\n");
+    }
+}
+
+/// The prompt of a completion request: a string, or token ids (one prompt only).
+fn completion_prompt(prompt: Value) -> Result<Request, ApiError> {
+    let one = "one prompt per request: send a string or a list of token ids";
+    match prompt {
+        Value::String(text) => Ok(Request::text(text)),
+        Value::Array(items) if items.is_empty() => {
+            Err(ApiError::invalid("prompt", "the prompt is empty"))
+        }
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            let ids = items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_u64()
+                        .and_then(|id| u32::try_from(id).ok())
+                        .ok_or_else(|| {
+                            ApiError::invalid(
+                                format!("prompt[{i}]"),
+                                format!("{v} is not a token id"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<u32>, _>>()?;
+            Ok(Request::tokens(ids))
+        }
+        Value::Array(mut items) if items.len() == 1 => completion_prompt(items.remove(0)),
+        Value::Array(_) => Err(ApiError::invalid("prompt", one)),
+        _ => Err(ApiError::invalid("prompt", one)),
+    }
+}
+
+/// `POST /v1/completions`: a raw prompt, not chat-templated.
+pub(crate) async fn completions(
+    State(server): State<Server>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut record = Record::start(server.metrics().clone(), Endpoint::Completions);
+    let parsed = (|| {
+        let body = params::body(body)?;
+        let req: CompletionRequest = params::parse_json(&body)?;
+        check_n(req.n, "n")?;
+        check_n(req.best_of, "best_of")?;
+        if req.echo == Some(true) {
+            return Err(params::unsupported("echo", "echoing the prompt"));
+        }
+        if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(params::unsupported("suffix", "a suffix"));
+        }
+        if req.logprobs.as_ref().is_some_and(|l| !l.is_null()) {
+            return Err(params::unsupported("logprobs", "log probabilities"));
+        }
+        let mut request = completion_prompt(req.prompt)?;
+        req.diffusion.apply(&mut request)?;
+        Common {
+            max_tokens: req.max_tokens,
+            temperature: req.temperature,
+            seed: req.seed,
+            stop: req.stop.map(Stop::into_vec).unwrap_or_default(),
+        }
+        .apply(&mut request, server.options().default_max_tokens);
+        let include_usage = req
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok((
+            request,
+            req.stream.unwrap_or(false),
+            include_usage,
+            req.diffusion.drafts.unwrap_or(false),
+        ))
+    })();
+    let (request, streaming, include_usage, drafts) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            record.failed(&e);
+            generate::log_error(Endpoint::Completions, &e);
+            return Err(e);
+        }
+    };
+    let (stream, scheduler) = generate::submit(&server, request, &mut record).await?;
+    let submitted = Submitted {
+        stream,
+        scheduler,
+        record,
+    };
+    let id = params::new_id("cmpl-");
+    let created = params::now();
+    let model = server.options().model_name.clone();
+    if streaming {
+        let frames = CompletionFrames {
+            id,
+            created,
+            model,
+            include_usage,
+        };
+        return generate::stream(submitted, frames, drafts).await;
+    }
+    let (g, _record) = generate::collect(submitted).await?;
+    Ok(generate::json_response(&json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "text": g.text,
+            "logprobs": null,
+            "finish_reason": finish_reason(g.finish_reason),
+        }],
+        "usage": usage(&g),
+        "system_fingerprint": null,
+    })))
+}
+
+struct CompletionFrames {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl CompletionFrames {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        });
+        if self.include_usage {
+            chunk["usage"] = usage.unwrap_or(Value::Null);
+        }
+        chunk
+    }
+
+    fn text_chunk(&self, text: &str, finish: Option<&str>) -> Value {
+        self.chunk(
+            json!([{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }]),
+            None,
+        )
+    }
+}
+
+impl Frames for CompletionFrames {
+    fn open(&mut self, _prompt_tokens: Option<usize>, _out: &mut String) {}
+
+    fn text(&mut self, delta: &str, out: &mut String) {
+        data(out, &self.text_chunk(delta, None));
+    }
+
+    fn finish(&mut self, g: &Generation, out: &mut String) {
+        data(
+            out,
+            &self.text_chunk("", Some(finish_reason(g.finish_reason))),
+        );
+        if self.include_usage {
+            data(out, &self.chunk(json!([]), Some(usage(g))));
+        }
+        out.push_str("data: [DONE]\n\n");
+    }
+
+    fn fail(&mut self, error: &ApiError, out: &mut String) {
+        data(out, &error.body());
+        out.push_str("data: [DONE]\n\n");
+    }
+}
