@@ -56,6 +56,9 @@ struct Args {
     /// max_tokens of OpenAI requests that set none.
     #[arg(long)]
     default_max_tokens: Option<usize>,
+    /// Seconds to wait for open responses after SIGINT / SIGTERM.
+    #[arg(long)]
+    shutdown_grace: Option<u64>,
 }
 
 #[tokio::main]
@@ -103,6 +106,9 @@ async fn main() -> Result<()> {
     }
     if let Some(n) = args.default_max_tokens {
         options.default_max_tokens = n;
+    }
+    if let Some(s) = args.shutdown_grace {
+        options.shutdown_grace = std::time::Duration::from_secs(s);
     }
     let mut scheduler_options = SchedulerOptions::default();
     if let Some(n) = args.max_running {

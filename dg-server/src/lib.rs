@@ -76,20 +76,35 @@ pub fn router(server: Server) -> Router {
 
 /// Serves until `shutdown` resolves, then stops accepting connections, shuts the scheduler
 /// down (queued requests get 503, running ones end within one denoising step with finish
-/// reason `cancelled` and a proper final chunk) and returns once every response is complete.
+/// reason `cancelled` and a proper final chunk) and returns once every response is complete,
+/// or after [`ServerOptions::shutdown_grace`] if some client stopped reading.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     server: Server,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(server.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
+    let grace = server.options().shutdown_grace;
+    let stopped = std::sync::Arc::new(tokio::sync::Notify::new());
+    let graceful = {
+        let stopped = stopped.clone();
+        axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: finishing in-flight requests");
             server.shutdown().await;
+            stopped.notify_one();
         })
-        .await
+    };
+    tokio::select! {
+        result = graceful => result,
+        _ = async {
+            stopped.notified().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!("responses still open {grace:?} after the shutdown: leaving them");
+            Ok(())
+        }
+    }
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -21,6 +21,9 @@ pub struct ServerOptions {
     pub max_image_bytes: usize,
     /// `max_tokens` of an OpenAI request that gives none.
     pub default_max_tokens: usize,
+    /// After a shutdown signal, how long [`serve`](crate::serve) waits for open responses to
+    /// complete (a client that stopped reading would hold it forever).
+    pub shutdown_grace: std::time::Duration,
 }
 
 impl Default for ServerOptions {
@@ -30,6 +33,7 @@ impl Default for ServerOptions {
             max_body_bytes: 32 << 20,
             max_image_bytes: 20 << 20,
             default_max_tokens: 512,
+            shutdown_grace: std::time::Duration::from_secs(30),
         }
     }
 }
