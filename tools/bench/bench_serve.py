@@ -148,7 +148,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--reference", help="python of the reference venv: also time its generate")
-    ap.add_argument("--reference-requests", type=int, default=4)
+    ap.add_argument("--reference-requests", type=int, default=2)
+    ap.add_argument("--reference-dtypes", default="float32,bf16",
+                    help="which reference runs: float32 and/or bf16 (as shipped)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="dg-bench-serve-")
@@ -191,7 +193,7 @@ def main() -> None:
               f"  {r['p50_s']:6.2f}  {r['p95_s']:6.2f}")
     if args.reference:
         mix = requests_mix(args.reference_requests)
-        for f32 in (True, False):
+        for f32 in [d == "float32" for d in args.reference_dtypes.split(",")]:
             out = subprocess.run([args.reference, "-c", REFERENCE, model, "1" if f32 else "0",
                                   json.dumps(mix)], check=True, capture_output=True, text=True,
                                  timeout=args.timeout * len(mix))
