@@ -42,7 +42,7 @@ fn client(i: usize) -> Client {
         "seed": seed,
         "sampler": if entropy { "entropy-bound" } else { "confidence-threshold" },
     });
-    let stream = i % 2 == 0;
+    let stream = i.is_multiple_of(2);
     if stream {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
