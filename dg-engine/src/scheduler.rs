@@ -459,8 +459,9 @@ fn fail(
     }
 }
 
-/// The updates of one submitted request, in order: events, then [`Update::Done`] or
-/// [`Update::Failed`]. Dropping it (or [`cancel`](Self::cancel)) cancels the request within one
+/// The updates of one submitted request, in order: [`Event::Prefilled`] once it is admitted and
+/// prefilled (always its first event), its other events, then [`Update::Done`] or
+/// [`Update::Failed`] (a request failed or cancelled before admission has no events). Dropping it (or [`cancel`](Self::cancel)) cancels the request within one
 /// denoising step. Read it from async code with [`recv`](Self::recv), from sync code as an
 /// iterator or with [`blocking_recv`](Self::blocking_recv).
 #[derive(Debug)]
@@ -485,6 +486,11 @@ impl Stream {
     /// async runtime (it panics there): use [`recv`](Self::recv).
     pub fn blocking_recv(&mut self) -> Option<Update> {
         self.rx.blocking_recv()
+    }
+
+    /// The next update if one is waiting, without blocking (`None`: nothing yet, or ended).
+    pub fn try_recv(&mut self) -> Option<Update> {
+        self.rx.try_recv().ok()
     }
 
     /// Cancels the request: it ends within one denoising step with
