@@ -10,8 +10,8 @@
 //! - [`peak`]: the FMA-throughput yardstick the benches divide by.
 //!
 //! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64; AVX-512 where present
-//! for the 4/8-bit fused dot products and the unpacked panels of 4/8-bit products from 3-4 rows;
-//! a scalar reference everywhere else;
+//! for the unpacked panels of 4/8-bit weights, which every `x @ W^T` with such weights takes
+//! whatever its row count, and the tiles of `x @ W`; a scalar reference everywhere else;
 //! `DG_QUANT_FORCE_AVX2=1` / `DG_QUANT_FORCE_SCALAR=1` cap the level for testing).
 
 pub use half::bf16;

@@ -194,7 +194,7 @@ const UNPACKED_X_BLOCK_BYTES: usize = 768 << 10;
 /// and, a `UNPACKED_KC`-column chunk at a time, transposes their quantized values into a
 /// `[kc, 32]` f32 panel and runs 12-row x 32-column register tiles over it with `x` broadcast,
 /// so any `m` runs without padding rows; each group's scale and bias apply to the partial sums
-/// (as in the fused kernels). The panel holds each field in place in its word (no shift to
+/// (see the module docs). The panel holds each field in place in its word (no shift to
 /// decode), so the tiles take `x` scaled by the matching powers of two (`scale_fields`): the
 /// products are exactly those of the shifted fields.
 fn matmul_t_unpacked(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
@@ -738,7 +738,7 @@ mod tests {
         let x: Vec<f32> = (0..x_rows * cols)
             .map(|_| rng.gen_range(-1.0..1.0))
             .collect();
-        // Expert 0: 1 pair (fused), 1: 12 (tiled), 2: 55 (gemm panels), 3: 0, 4: 2, 5: 9.
+        // Pairs per expert: 0: 1, 1: 12, 2: 55, 3: 0, 4: 2, 5: 9.
         let mut pairs = vec![(5usize, 0usize)];
         pairs.extend((0..12).map(|i| (i * 3 % x_rows, 1)));
         pairs.extend((0..55).map(|i| (i, 2)));

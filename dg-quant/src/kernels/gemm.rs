@@ -169,47 +169,6 @@ impl ColumnPanel<'_> {
             std::slice::from_raw_parts_mut(self.ptr.add(i * self.n + self.c0), self.c1 - self.c0)
         }
     }
-
-    /// `panel (+)= lhs @ rhs` as `gemm_strided`, with `n = width()`, single-threaded.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm(
-        &mut self,
-        depth: usize,
-        accumulate: bool,
-        lhs: &[f32],
-        lhs_rs: usize,
-        rhs: &[f32],
-        rhs_rs: usize,
-        rhs_cs: usize,
-    ) {
-        let n = self.width();
-        assert!(
-            extent(self.m, depth, lhs_rs, 1) <= lhs.len(),
-            "gemm lhs view out of bounds"
-        );
-        assert!(
-            extent(depth, n, rhs_rs, rhs_cs) <= rhs.len(),
-            "gemm rhs view out of bounds"
-        );
-        // SAFETY: the panel's m x width view with row stride n lies inside the output and is
-        // exclusively ours (see `par_column_panels`); lhs/rhs views were checked above.
-        unsafe {
-            gemm_raw(
-                self.m,
-                n,
-                depth,
-                self.ptr.add(self.c0),
-                self.n,
-                accumulate,
-                lhs,
-                lhs_rs,
-                rhs,
-                rhs_rs,
-                rhs_cs,
-                false,
-            )
-        }
-    }
 }
 
 /// Runs `f` on the current rayon pool once per column panel `[c, c + width)` of the row-major

@@ -19,8 +19,8 @@ pub enum Level {
     Scalar,
     /// AVX2 + FMA (`x86_64.rs`).
     Avx2,
-    /// AVX-512F/BW/VL for the 4- and 8-bit fused dot products and the unpacked panels
-    /// (`x86_64_avx512.rs`), AVX2 elsewhere.
+    /// AVX-512F/BW/VL for the unpacked panels of 4- and 8-bit weights and their register
+    /// tiles, and the tiles of `x @ W` (`x86_64_avx512.rs`), AVX2 elsewhere.
     Avx512,
 }
 
@@ -192,187 +192,6 @@ pub fn tiles_q(
     )
 }
 
-/// Whether the fused dot products of this width run in SIMD.
-fn simd_dot(spec: QuantSpec) -> bool {
-    cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && has_avx2_fma()
-}
-
-/// Whether the fused dot products of this spec run the AVX-512 kernels (see
-/// `x86_64_avx512::supports` and, for 8 bits, `prefers_8bit_dots`).
-fn avx512_dot(spec: QuantSpec) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        level() == Level::Avx512
-            && x86_64_avx512::supports(spec.bits, spec.group_size)
-            && (spec.bits == 4 || x86_64_avx512::prefers_8bit_dots())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = spec;
-        false
-    }
-}
-
-/// One activation row in the form the fused dot-product kernels consume: its group sums and
-/// its elements in the kernel's order (built once, reused for every weight row), starting on
-/// a 64-byte boundary (whole-cache-line vector loads).
-pub struct PreparedX {
-    buf: Vec<f32>,
-    off: usize,
-    len: usize,
-    cols: usize,
-    sums: Vec<f32>,
-}
-
-impl PreparedX {
-    /// The elements in kernel order (`len` of them; may be zero-padded past `cols`).
-    fn x(&self) -> &[f32] {
-        &self.buf[self.off..self.off + self.len]
-    }
-}
-
-/// A zeroed f32 buffer of `len` elements at a 64-byte boundary: (storage, offset).
-fn aligned_zeros(len: usize) -> (Vec<f32>, usize) {
-    let buf = vec![0.0f32; len + 16];
-    let off = crate::scratch::line_offset(&buf);
-    (buf, off)
-}
-
-/// Prepares `x` (one row of `W.cols` elements) for `dot_rows` with weights of `spec`.
-pub fn prepare_x(x: &[f32], spec: QuantSpec) -> PreparedX {
-    let cols = x.len();
-    let mut sums = vec![0.0f32; cols / spec.group_size];
-    scalar::group_sums(x, spec.group_size, &mut sums);
-    #[cfg(target_arch = "x86_64")]
-    if avx512_dot(spec) {
-        let len = x86_64_avx512::permuted_len(cols, spec.bits);
-        let (mut buf, off) = aligned_zeros(len);
-        x86_64_avx512::permute_x(x, spec.bits, &mut buf[off..off + len]);
-        return PreparedX {
-            buf,
-            off,
-            len,
-            cols,
-            sums,
-        };
-    }
-    let (mut buf, off) = aligned_zeros(cols);
-    #[cfg(target_arch = "x86_64")]
-    if spec.bits == 4 && simd_dot(spec) {
-        x86_64::permute_x_4bit(x, &mut buf[off..off + cols]);
-        return PreparedX {
-            buf,
-            off,
-            len: cols,
-            cols,
-            sums,
-        };
-    }
-    buf[off..off + cols].copy_from_slice(x);
-    PreparedX {
-        buf,
-        off,
-        len: cols,
-        cols,
-        sums,
-    }
-}
-
-/// Fused dot products of a prepared `x` with consecutive rows of a quantized matrix:
-/// `out[i] = x . W[i]`; `words`, `scales`, `biases` hold `out.len()` rows.
-pub fn dot_rows(
-    x: &PreparedX,
-    words: &[u32],
-    scales: &[bf16],
-    biases: &[bf16],
-    spec: QuantSpec,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512_dot(spec) {
-        return x86_64_avx512::dot_rows(
-            x.x(),
-            &x.sums,
-            x.cols,
-            words,
-            scales,
-            biases,
-            spec.bits,
-            spec.group_size,
-            out,
-        );
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd_dot(spec) {
-        return x86_64::dot_rows(
-            x.x(),
-            &x.sums,
-            words,
-            scales,
-            biases,
-            spec.bits,
-            spec.group_size,
-            out,
-        );
-    }
-    let cols = x.cols;
-    let wpr = spec.words_per_row(cols);
-    let gpr = cols / spec.group_size;
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = scalar::dot_row(
-            x.x(),
-            &x.sums,
-            &words[i * wpr..(i + 1) * wpr],
-            &scales[i * gpr..(i + 1) * gpr],
-            &biases[i * gpr..(i + 1) * gpr],
-            spec,
-        );
-    }
-}
-
-/// `dot_rows` for two activation rows sharing each decoded weight row.
-#[allow(clippy::too_many_arguments)]
-pub fn dot_rows2(
-    xa: &PreparedX,
-    xb: &PreparedX,
-    words: &[u32],
-    scales: &[bf16],
-    biases: &[bf16],
-    spec: QuantSpec,
-    out_a: &mut [f32],
-    out_b: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512_dot(spec) {
-        return x86_64_avx512::dot_rows_n(
-            &[(xa.x(), &xa.sums), (xb.x(), &xb.sums)],
-            xa.cols,
-            words,
-            scales,
-            biases,
-            spec.bits,
-            spec.group_size,
-            [out_a, out_b],
-        );
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd_dot(spec) {
-        return x86_64::dot_rows2(
-            (xa.x(), &xa.sums),
-            (xb.x(), &xb.sums),
-            words,
-            scales,
-            biases,
-            spec.bits,
-            spec.group_size,
-            out_a,
-            out_b,
-        );
-    }
-    dot_rows(xa, words, scales, biases, spec, out_a);
-    dot_rows(xb, words, scales, biases, spec, out_b);
-}
-
 /// See `scalar::tiles` (bit-identical on every path).
 #[allow(clippy::too_many_arguments)]
 #[inline]
@@ -419,16 +238,6 @@ pub fn tiles_n(
         return x86_64::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load);
     }
     scalar::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load)
-}
-
-/// `out[j] = fma(a, v[j], out[j])` (bit-identical on every path).
-#[inline]
-pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        return x86_64::axpy(a, v, out);
-    }
-    scalar::axpy(a, v, out)
 }
 
 /// The shared prologue of the SIMD `tiles_n` kernels (`strip` = their column width): checks

@@ -1,5 +1,5 @@
-//! Portable reference kernels. Every SIMD kernel in `x86_64.rs` has its twin here and a test
-//! against it; these are also the fallback on CPUs without AVX2/FMA.
+//! Portable reference kernels. Every SIMD kernel in `x86_64.rs` and `x86_64_avx512.rs` has its
+//! twin here and a test against it; these are also the fallback on CPUs without AVX2/FMA.
 //!
 //! Arguments are trusted (the safe entry points in `affine.rs` / `matmul.rs` validate lengths):
 //! `words` is one packed row, `scales`/`biases` its groups, `x`/`out` sized to match.
@@ -159,36 +159,11 @@ pub fn tiles_q(
     }
 }
 
-/// Per-group sums of `x` (the bias term of the fused dot product).
+/// Per-group sums of `x` (`xsum` of `tiles_q`: the bias term is `bias_g * sum(x_g)`).
 pub fn group_sums(x: &[f32], group_size: usize, out: &mut [f32]) {
     for (o, chunk) in out.iter_mut().zip(x.chunks_exact(group_size)) {
         *o = chunk.iter().sum();
     }
-}
-
-/// Fused dot product of `x` with one quantized row, without materializing it:
-/// `sum_g scale_g * (sum_{k in g} x_k q_k) + sum_g bias_g * xsum_g`.
-/// `xsum` holds the group sums of `x` (`group_sums`).
-pub fn dot_row(
-    x: &[f32],
-    xsum: &[f32],
-    words: &[u32],
-    scales: &[bf16],
-    biases: &[bf16],
-    spec: QuantSpec,
-) -> f32 {
-    let g = spec.group_size;
-    let mut acc = 0.0f32;
-    let mut acc_bias = 0.0f32;
-    for (gi, xg) in x.chunks_exact(g).enumerate() {
-        let mut dot = 0.0f32;
-        for (j, xv) in xg.iter().enumerate() {
-            dot += xv * unpack(words, gi * g + j, spec.bits) as f32;
-        }
-        acc += scales[gi].to_f32() * dot;
-        acc_bias += biases[gi].to_f32() * xsum[gi];
-    }
-    acc + acc_bias
 }
 
 /// Independent chains of the FMA-throughput probe (`fma_probe`): enough to cover the FMA
@@ -243,8 +218,8 @@ pub fn dot_row_mlx(
 }
 
 /// `ct[j*ldc + i] = (load ? ct[j*ldc + i] : 0) + sum_{k < kc} xt[k*ldx + i] * w[j*ldw + k]`
-/// with one fma per term in k order, for `i < m8` and `j < nr` (the GEMM tile of the
-/// compute-bound path; `xt` holds activations transposed).
+/// with one fma per term in k order, for `i < m8` and `j < nr` (the GEMM tile of the tiled
+/// `x @ W^T` path; `xt` holds activations transposed).
 #[allow(clippy::too_many_arguments)]
 pub fn tiles(
     kc: usize,
@@ -292,13 +267,6 @@ pub fn tiles_n(
             }
             p[i * ldp + c] = acc;
         }
-    }
-}
-
-/// `out[j] = fma(a, v[j], out[j])`.
-pub fn axpy(a: f32, v: &[f32], out: &mut [f32]) {
-    for (o, v) in out.iter_mut().zip(v) {
-        *o = a.mul_add(*v, *o);
     }
 }
 
