@@ -13,9 +13,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::generate::{self, named, Frames, Submitted};
+use crate::generate::{self, named, Frames, Parsed};
 use crate::images;
-use crate::metrics::{Endpoint, Record};
+use crate::metrics::Endpoint;
 use crate::params::{self, Common, Diffusion};
 use crate::state::Server;
 
@@ -202,7 +202,6 @@ pub(crate) async fn messages_route(
 }
 
 async fn run(server: Server, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let mut record = Record::start(server.metrics().clone(), Endpoint::Messages);
     let parsed = (|| {
         let body = params::body(body)?;
         let req: MessagesRequest = params::parse_json(&body)?;
@@ -218,50 +217,42 @@ async fn run(server: Server, body: Result<Bytes, BytesRejection>) -> Result<Resp
             stop: req.stop_sequences.unwrap_or_default(),
         }
         .apply(&mut request, server.options().default_max_tokens);
-        Ok((
+        Ok(Parsed {
             request,
-            req.stream.unwrap_or(false),
-            req.diffusion.drafts.unwrap_or(false),
-        ))
+            streaming: req.stream.unwrap_or(false),
+            drafts: req.diffusion.drafts.unwrap_or(false),
+            include_usage: false,
+        })
     })();
-    let (request, streaming, drafts) = match parsed {
-        Ok(p) => p,
-        Err(e) => {
-            record.failed(&e);
-            generate::log_error(Endpoint::Messages, &e);
-            return Err(e);
-        }
-    };
-    let (stream, scheduler) = generate::submit(&server, request, &mut record).await?;
-    let submitted = Submitted {
-        stream,
-        scheduler,
-        record,
-    };
     let id = params::new_id("msg_");
     let model = server.options().model_name.clone();
-    if streaming {
-        let frames = MessageFrames {
-            id,
-            model,
-            input_tokens: 0,
-        };
-        return generate::stream(submitted, frames, drafts).await;
-    }
-    let (g, _record) = generate::collect(submitted).await?;
-    Ok(generate::json_response(&json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [{ "type": "text", "text": g.text }],
-        "stop_reason": stop_reason(g.finish_reason),
-        "stop_sequence": g.stop_sequence,
-        "usage": {
-            "input_tokens": g.stats.prompt_tokens,
-            "output_tokens": g.stats.generated_tokens,
+    let frames = MessageFrames {
+        id: id.clone(),
+        model: model.clone(),
+        input_tokens: 0,
+    };
+    generate::respond(
+        &server,
+        Endpoint::Messages,
+        parsed,
+        |_| frames,
+        |g| {
+            json!({
+                "id": id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{ "type": "text", "text": g.text }],
+                "stop_reason": stop_reason(g.finish_reason),
+                "stop_sequence": g.stop_sequence,
+                "usage": {
+                    "input_tokens": g.stats.prompt_tokens,
+                    "output_tokens": g.stats.generated_tokens,
+                },
+            })
         },
-    })))
+    )
+    .await
 }
 
 struct MessageFrames {

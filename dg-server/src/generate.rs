@@ -20,14 +20,14 @@ use crate::metrics::{Endpoint, Record};
 use crate::state::Server;
 
 /// A submitted request: its updates, the scheduler (for the tokenizer) and its metrics record.
-pub(crate) struct Submitted {
-    pub stream: Stream,
-    pub scheduler: Arc<Scheduler>,
-    pub record: Record,
+struct Submitted {
+    stream: Stream,
+    scheduler: Arc<Scheduler>,
+    record: Record,
 }
 
 /// Submits a request; errors (invalid request, overloaded, shutting down) come back at once.
-pub(crate) async fn submit(
+async fn submit(
     server: &Server,
     request: Request,
     record: &mut Record,
@@ -48,7 +48,7 @@ pub(crate) async fn submit(
     result
 }
 
-pub(crate) fn log_error(endpoint: Endpoint, e: &ApiError) {
+fn log_error(endpoint: Endpoint, e: &ApiError) {
     if e.status.is_server_error() && e.status != StatusCode::SERVICE_UNAVAILABLE {
         tracing::error!(?endpoint, "{e}");
     } else {
@@ -57,7 +57,7 @@ pub(crate) fn log_error(endpoint: Endpoint, e: &ApiError) {
 }
 
 /// Waits for the result, skipping events.
-pub(crate) async fn collect(mut s: Submitted) -> Result<(Generation, Record), ApiError> {
+async fn collect(mut s: Submitted) -> Result<(Generation, Record), ApiError> {
     while let Some(update) = s.stream.recv().await {
         match update {
             Update::Done(generation) => {
@@ -236,7 +236,7 @@ impl<F: Frames> Live<F> {
 /// Streams a submitted request as server-sent events. The response starts once the first
 /// update is there (the request was admitted), so a request refused before it ran still gets
 /// an HTTP error status.
-pub(crate) async fn stream<F: Frames>(
+async fn stream<F: Frames>(
     mut s: Submitted,
     frames: F,
     drafts: bool,
@@ -290,6 +290,43 @@ pub(crate) async fn stream<F: Frames>(
         Body::from_stream(body),
     )
         .into_response())
+}
+
+/// What a generation route parsed from its body.
+pub(crate) struct Parsed {
+    pub request: Request,
+    pub streaming: bool,
+    pub drafts: bool,
+    /// OpenAI's `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// Every generation route after parsing: a parse error is counted and logged, the request is
+/// submitted, then streamed in the route's `frames` or answered with its `body` of the result.
+pub(crate) async fn respond<F: Frames>(
+    server: &Server,
+    endpoint: Endpoint,
+    parsed: Result<Parsed, ApiError>,
+    frames: impl FnOnce(&Parsed) -> F,
+    body: impl FnOnce(&Generation) -> serde_json::Value,
+) -> Result<Response, ApiError> {
+    let mut record = Record::start(server.metrics().clone(), endpoint);
+    let parsed = parsed.inspect_err(|e| {
+        record.failed(e);
+        log_error(endpoint, e);
+    })?;
+    let frames = frames(&parsed);
+    let (stream_, scheduler) = submit(server, parsed.request, &mut record).await?;
+    let submitted = Submitted {
+        stream: stream_,
+        scheduler,
+        record,
+    };
+    if parsed.streaming {
+        return stream(submitted, frames, parsed.drafts).await;
+    }
+    let (generation, _record) = collect(submitted).await?;
+    Ok(json_response(&body(&generation)))
 }
 
 /// A JSON response.

@@ -205,24 +205,23 @@ async fn metrics(State(server): State<Server>) -> Response {
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
-    let error = ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("Invalid URL ({method} {})", uri.path()),
-    )
-    .code("not_found");
-    if uri.path().starts_with("/v1/messages") {
-        error.anthropic()
-    } else {
-        error
-    }
+    let message = format!("Invalid URL ({method} {})", uri.path());
+    route_error(StatusCode::NOT_FOUND, message, "not_found", &uri)
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    let error = ApiError::new(
+    let message = format!("{method} is not allowed on {}", uri.path());
+    route_error(
         StatusCode::METHOD_NOT_ALLOWED,
-        format!("{method} is not allowed on {}", uri.path()),
+        message,
+        "method_not_allowed",
+        &uri,
     )
-    .code("method_not_allowed");
+}
+
+/// An error about the route itself, in the flavour of the API the path belongs to.
+fn route_error(status: StatusCode, message: String, code: &'static str, uri: &Uri) -> ApiError {
+    let error = ApiError::new(status, message).code(code);
     if uri.path().starts_with("/v1/messages") {
         error.anthropic()
     } else {

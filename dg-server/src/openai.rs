@@ -10,9 +10,9 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::generate::{self, data, Frames, Submitted};
+use crate::generate::{self, data, Frames, Parsed};
 use crate::images;
-use crate::metrics::{Endpoint, Record};
+use crate::metrics::Endpoint;
 use crate::params::{self, Common, Diffusion, Stop};
 use crate::state::Server;
 
@@ -225,7 +225,6 @@ pub(crate) async fn chat(
     State(server): State<Server>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let mut record = Record::start(server.metrics().clone(), Endpoint::ChatCompletions);
     let parsed = (|| {
         let body = params::body(body)?;
         let req: ChatRequest = params::parse_json(&body)?;
@@ -239,80 +238,115 @@ pub(crate) async fn chat(
         let (messages, images) = chat_messages(req.messages, server.options().max_image_bytes)?;
         let mut request = Request::chat(messages);
         request.images = images;
-        req.diffusion.apply(&mut request)?;
-        Common {
-            max_tokens: req.max_completion_tokens.or(req.max_tokens),
-            temperature: req.temperature,
-            seed: req.seed,
-            stop: req.stop.map(Stop::into_vec).unwrap_or_default(),
-        }
-        .apply(&mut request, server.options().default_max_tokens);
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
-        Ok((
+        let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+        let common = (max_tokens, req.temperature, req.seed, req.stop);
+        parsed(
+            &server,
             request,
-            req.stream.unwrap_or(false),
-            include_usage,
-            req.diffusion.drafts.unwrap_or(false),
-        ))
+            common,
+            req.stream,
+            req.stream_options,
+            req.diffusion,
+        )
     })();
-    let (request, streaming, include_usage, drafts) = match parsed {
-        Ok(p) => p,
-        Err(e) => {
-            record.failed(&e);
-            generate::log_error(Endpoint::ChatCompletions, &e);
-            return Err(e);
-        }
-    };
-    let (stream, scheduler) = generate::submit(&server, request, &mut record).await?;
-    let submitted = Submitted {
-        stream,
-        scheduler,
-        record,
-    };
-    let id = params::new_id("chatcmpl-");
-    let created = params::now();
-    let model = server.options().model_name.clone();
-    if streaming {
-        let frames = ChatFrames {
-            id,
-            created,
-            model,
-            include_usage,
-        };
-        return generate::stream(submitted, frames, drafts).await;
-    }
-    let (g, _record) = generate::collect(submitted).await?;
-    Ok(generate::json_response(&json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": { "role": "assistant", "content": g.text, "refusal": null },
-            "logprobs": null,
-            "finish_reason": finish_reason(g.finish_reason),
-        }],
-        "usage": usage(&g),
-        "system_fingerprint": null,
-    })))
+    let frames = OpenAiFrames::new(&server, Route::Chat);
+    let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
+    generate::respond(
+        &server,
+        Endpoint::ChatCompletions,
+        parsed,
+        |p| frames.usage(p.include_usage),
+        |g| {
+            json!({
+                "id": id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{
+                    "index": 0,
+                    "message": { "role": "assistant", "content": g.text, "refusal": null },
+                    "logprobs": null,
+                    "finish_reason": finish_reason(g.finish_reason),
+                }],
+                "usage": usage(g),
+                "system_fingerprint": null,
+            })
+        },
+    )
+    .await
 }
 
-struct ChatFrames {
+/// The options both OpenAI routes share, applied to `request`.
+fn parsed(
+    server: &Server,
+    mut request: Request,
+    (max_tokens, temperature, seed, stop): (Option<usize>, Option<f32>, Option<u64>, Option<Stop>),
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    diffusion: Diffusion,
+) -> Result<Parsed, ApiError> {
+    diffusion.apply(&mut request)?;
+    Common {
+        max_tokens,
+        temperature,
+        seed,
+        stop: stop.map(Stop::into_vec).unwrap_or_default(),
+    }
+    .apply(&mut request, server.options().default_max_tokens);
+    Ok(Parsed {
+        request,
+        streaming: stream.unwrap_or(false),
+        drafts: diffusion.drafts.unwrap_or(false),
+        include_usage: stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Route {
+    Chat,
+    Completion,
+}
+
+/// The stream framing of both OpenAI routes.
+struct OpenAiFrames {
+    route: Route,
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
 }
 
-impl ChatFrames {
+impl OpenAiFrames {
+    fn new(server: &Server, route: Route) -> Self {
+        OpenAiFrames {
+            route,
+            id: params::new_id(match route {
+                Route::Chat => "chatcmpl-",
+                Route::Completion => "cmpl-",
+            }),
+            created: params::now(),
+            model: server.options().model_name.clone(),
+            include_usage: false,
+        }
+    }
+
+    fn usage(self, include_usage: bool) -> Self {
+        OpenAiFrames {
+            include_usage,
+            ..self
+        }
+    }
+
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
+        let object = match self.route {
+            Route::Chat => "chat.completion.chunk",
+            Route::Completion => "text_completion",
+        };
         let mut chunk = json!({
             "id": self.id,
-            "object": "chat.completion.chunk",
+            "object": object,
             "created": self.created,
             "model": self.model,
             "system_fingerprint": null,
@@ -324,31 +358,32 @@ impl ChatFrames {
         chunk
     }
 
-    fn delta(&self, delta: Value, finish: Option<&str>) -> Value {
-        self.chunk(
-            json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }]),
-            None,
-        )
+    /// A chunk of one choice: a chat `delta` or a completion's `text`.
+    fn choice(&self, delta: Value, text: &str, finish: Option<&str>) -> Value {
+        let mut choice = json!({ "index": 0, "logprobs": null, "finish_reason": finish });
+        match self.route {
+            Route::Chat => choice["delta"] = delta,
+            Route::Completion => choice["text"] = json!(text),
+        }
+        self.chunk(json!([choice]), None)
     }
 }
 
-impl Frames for ChatFrames {
+impl Frames for OpenAiFrames {
     fn open(&mut self, _prompt_tokens: Option<usize>, out: &mut String) {
-        data(
-            out,
-            &self.delta(json!({ "role": "assistant", "content": "" }), None),
-        );
+        if self.route == Route::Chat {
+            let role = json!({ "role": "assistant", "content": "" });
+            data(out, &self.choice(role, "", None));
+        }
     }
 
     fn text(&mut self, delta: &str, out: &mut String) {
-        data(out, &self.delta(json!({ "content": delta }), None));
+        data(out, &self.choice(json!({ "content": delta }), delta, None));
     }
 
     fn finish(&mut self, g: &Generation, out: &mut String) {
-        data(
-            out,
-            &self.delta(json!({}), Some(finish_reason(g.finish_reason))),
-        );
+        let finish = Some(finish_reason(g.finish_reason));
+        data(out, &self.choice(json!({}), "", finish));
         if self.include_usage {
             data(out, &self.chunk(json!([]), Some(usage(g))));
         }
@@ -397,7 +432,6 @@ pub(crate) async fn completions(
     State(server): State<Server>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let mut record = Record::start(server.metrics().clone(), Endpoint::Completions);
     let parsed = (|| {
         let body = params::body(body)?;
         let req: CompletionRequest = params::parse_json(&body)?;
@@ -412,120 +446,40 @@ pub(crate) async fn completions(
         if req.logprobs.as_ref().is_some_and(|l| !l.is_null()) {
             return Err(params::unsupported("logprobs", "log probabilities"));
         }
-        let mut request = completion_prompt(req.prompt)?;
-        req.diffusion.apply(&mut request)?;
-        Common {
-            max_tokens: req.max_tokens,
-            temperature: req.temperature,
-            seed: req.seed,
-            stop: req.stop.map(Stop::into_vec).unwrap_or_default(),
-        }
-        .apply(&mut request, server.options().default_max_tokens);
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
-        Ok((
+        let request = completion_prompt(req.prompt)?;
+        let common = (req.max_tokens, req.temperature, req.seed, req.stop);
+        parsed(
+            &server,
             request,
-            req.stream.unwrap_or(false),
-            include_usage,
-            req.diffusion.drafts.unwrap_or(false),
-        ))
-    })();
-    let (request, streaming, include_usage, drafts) = match parsed {
-        Ok(p) => p,
-        Err(e) => {
-            record.failed(&e);
-            generate::log_error(Endpoint::Completions, &e);
-            return Err(e);
-        }
-    };
-    let (stream, scheduler) = generate::submit(&server, request, &mut record).await?;
-    let submitted = Submitted {
-        stream,
-        scheduler,
-        record,
-    };
-    let id = params::new_id("cmpl-");
-    let created = params::now();
-    let model = server.options().model_name.clone();
-    if streaming {
-        let frames = CompletionFrames {
-            id,
-            created,
-            model,
-            include_usage,
-        };
-        return generate::stream(submitted, frames, drafts).await;
-    }
-    let (g, _record) = generate::collect(submitted).await?;
-    Ok(generate::json_response(&json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "text": g.text,
-            "logprobs": null,
-            "finish_reason": finish_reason(g.finish_reason),
-        }],
-        "usage": usage(&g),
-        "system_fingerprint": null,
-    })))
-}
-
-struct CompletionFrames {
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-}
-
-impl CompletionFrames {
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": choices,
-        });
-        if self.include_usage {
-            chunk["usage"] = usage.unwrap_or(Value::Null);
-        }
-        chunk
-    }
-
-    fn text_chunk(&self, text: &str, finish: Option<&str>) -> Value {
-        self.chunk(
-            json!([{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }]),
-            None,
+            common,
+            req.stream,
+            req.stream_options,
+            req.diffusion,
         )
-    }
-}
-
-impl Frames for CompletionFrames {
-    fn open(&mut self, _prompt_tokens: Option<usize>, _out: &mut String) {}
-
-    fn text(&mut self, delta: &str, out: &mut String) {
-        data(out, &self.text_chunk(delta, None));
-    }
-
-    fn finish(&mut self, g: &Generation, out: &mut String) {
-        data(
-            out,
-            &self.text_chunk("", Some(finish_reason(g.finish_reason))),
-        );
-        if self.include_usage {
-            data(out, &self.chunk(json!([]), Some(usage(g))));
-        }
-        out.push_str("data: [DONE]\n\n");
-    }
-
-    fn fail(&mut self, error: &ApiError, out: &mut String) {
-        data(out, &error.body());
-        out.push_str("data: [DONE]\n\n");
-    }
+    })();
+    let frames = OpenAiFrames::new(&server, Route::Completion);
+    let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
+    generate::respond(
+        &server,
+        Endpoint::Completions,
+        parsed,
+        |p| frames.usage(p.include_usage),
+        |g| {
+            json!({
+                "id": id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{
+                    "index": 0,
+                    "text": g.text,
+                    "logprobs": null,
+                    "finish_reason": finish_reason(g.finish_reason),
+                }],
+                "usage": usage(g),
+                "system_fingerprint": null,
+            })
+        },
+    )
+    .await
 }
