@@ -35,6 +35,9 @@ struct Args {
     /// Worker threads of the numeric kernels (default: physical cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Most tokens one request may hold, prompt plus max_tokens (longer ones get a 400).
+    #[arg(long, default_value_t = dg_engine::DEFAULT_MAX_CONTEXT)]
+    max_context: usize,
     /// Model id in /v1/models and responses (default: the checkpoint directory's name).
     #[arg(long)]
     model_name: Option<String>,
@@ -134,11 +137,11 @@ async fn main() -> Result<()> {
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel::<Result<()>>();
     {
         let server = server.clone();
-        let threads = args.threads;
+        let (threads, max_context) = (args.threads, args.max_context);
         std::thread::spawn(move || {
             let load = || -> Result<()> {
                 let started = std::time::Instant::now();
-                let mut builder = DiffusionGemma::builder(&dir);
+                let mut builder = DiffusionGemma::builder(&dir).max_context(max_context);
                 if let Some(threads) = threads {
                     builder = builder.threads(threads);
                 }

@@ -17,10 +17,14 @@ use crate::settings::GenerationSettings;
 /// Load progress: layers done and total. Return `false` to cancel loading.
 pub type ProgressFn<'a> = Box<dyn FnMut(usize, usize) -> bool + 'a>;
 
+/// The default of [`LoadBuilder::max_context`]: prompt (images expanded) plus `max_tokens`.
+pub const DEFAULT_MAX_CONTEXT: usize = 32768;
+
 /// Options for [`DiffusionGemma::builder`].
 pub struct LoadBuilder<'a> {
     dir: PathBuf,
     threads: Option<usize>,
+    max_context: usize,
     progress: Option<ProgressFn<'a>>,
 }
 
@@ -28,6 +32,15 @@ impl<'a> LoadBuilder<'a> {
     /// Worker threads for the numeric kernels (default: the number of physical cores).
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = Some(threads);
+        self
+    }
+
+    /// The most tokens a request may hold: its prompt (image placeholders expanded) plus its
+    /// `max_tokens` (default [`DEFAULT_MAX_CONTEXT`]). A longer request is refused before its
+    /// prompt is encoded, so one oversized prompt cannot exhaust the memory a shared model
+    /// serves from.
+    pub fn max_context(mut self, tokens: usize) -> Self {
+        self.max_context = tokens;
         self
     }
 
@@ -40,6 +53,12 @@ impl<'a> LoadBuilder<'a> {
     /// Loads the checkpoint.
     pub fn load(self) -> Result<DiffusionGemma> {
         let dir = self.dir;
+        if self.max_context == 0 {
+            return Err(EngineError::InvalidArgument {
+                name: "max_context",
+                reason: "must be at least 1".into(),
+            });
+        }
         let model_err = |e: dg_core::CoreError| EngineError::Model(Box::new(e));
         let pool =
             dg_quant::pool::build(self.threads).map_err(|e| EngineError::InvalidArgument {
@@ -84,6 +103,7 @@ impl<'a> LoadBuilder<'a> {
             eos,
             checkpoint_settings,
             reference_settings,
+            max_context: self.max_context,
         })
     }
 }
@@ -131,6 +151,7 @@ pub struct DiffusionGemma {
     eos: Vec<u32>,
     checkpoint_settings: GenerationSettings,
     reference_settings: GenerationSettings,
+    max_context: usize,
 }
 
 impl std::fmt::Debug for DiffusionGemma {
@@ -154,6 +175,7 @@ impl DiffusionGemma {
         LoadBuilder {
             dir: dir.as_ref().to_owned(),
             threads: None,
+            max_context: DEFAULT_MAX_CONTEXT,
             progress: None,
         }
     }
@@ -223,10 +245,32 @@ impl DiffusionGemma {
         Ok(ids)
     }
 
+    /// The most tokens a request may hold (prompt plus `max_tokens`).
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Refuses a request whose `prompt_tokens` plus `max_tokens` exceed the context limit.
+    fn check_context(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
+        if prompt_tokens.saturating_add(max_tokens) > self.max_context {
+            return Err(EngineError::InvalidArgument {
+                name: "prompt",
+                reason: format!(
+                    "{prompt_tokens} prompt tokens plus max_tokens {max_tokens} exceed the \
+                     context limit of {} tokens (LoadBuilder::max_context)",
+                    self.max_context
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The encoder input of a request: prompt ids with image placeholders expanded, token
     /// types and image features.
     pub fn prepare_prompt(&self, request: &Request) -> Result<PreparedPrompt> {
         let ids = self.prompt_ids(&request.prompt)?;
+        // Before the vision tower runs; again below with the image blocks expanded.
+        self.check_context(ids.len(), request.max_tokens)?;
         let c = self.model.config();
         let tokens = match (c.image_token_id, c.boi_token_id, c.eoi_token_id) {
             (Some(image), Some(boi), Some(eoi)) => Some(ImageTokenIds { image, boi, eoi }),
@@ -235,6 +279,7 @@ impl DiffusionGemma {
         let prepared = self
             .pool
             .install(|| attach_images(ids, &request.images, self.vision.as_ref(), tokens))?;
+        self.check_context(prepared.ids.len(), request.max_tokens)?;
         Ok(prepared)
     }
 

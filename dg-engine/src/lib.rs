@@ -34,7 +34,7 @@ mod settings;
 mod stop;
 
 pub use dg_core::{KvCache, SelfConditioning};
-pub use engine::{DiffusionGemma, LoadBuilder};
+pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
 pub use error::EngineError;
 pub use output::{Event, FinishReason, Generation, Stats};
 pub use prompt::{Image, PreparedPrompt};

@@ -245,7 +245,14 @@ impl Attention {
     }
 }
 
-/// One query head of one sequence over its key/value head: `softmax(mask(q k^T)) v`.
+/// Query rows per block of `attend_head`: the scores of one block, `[QUERY_BLOCK, keys]`, are
+/// all a head holds at once, so attention memory grows linearly with the prompt.
+const QUERY_BLOCK: usize = 256;
+
+/// One query head of one sequence over its key/value head: `softmax(mask(q k^T)) v`, a block of
+/// query rows at a time over only the keys the block can see (on causal passes: none after its
+/// last query, none before a sliding window). Masked keys weigh exactly 0 after the softmax, so
+/// leaving them out changes no row's result.
 fn attend_head(
     q: &[f32],
     len: usize,
@@ -255,29 +262,175 @@ fn attend_head(
     view: &KeyView<'_>,
 ) -> Result<Vec<f32>, dg_quant::QuantError> {
     let n_keys = k.len() / hd;
-    let mut scores = vec![0.0f32; len * n_keys];
-    dg_quant::matmul_f32(q, k, len, hd, n_keys, true, &mut scores)?;
-    for (i, row) in scores.chunks_exact_mut(n_keys).enumerate() {
-        if let AttentionMask::Causal { window, blocks } = view.mask {
+    let mut out = vec![0.0f32; len * hd];
+    let mut scores = Vec::new();
+    for i0 in (0..len).step_by(QUERY_BLOCK) {
+        let rows = QUERY_BLOCK.min(len - i0);
+        let (k0, k1) = visible_keys(view, i0, rows, n_keys);
+        let width = k1 - k0;
+        scores.clear();
+        scores.resize(rows * width, 0.0f32);
+        let q_rows = &q[i0 * hd..(i0 + rows) * hd];
+        dg_quant::matmul_f32(
+            q_rows,
+            &k[k0 * hd..k1 * hd],
+            rows,
+            hd,
+            width,
+            true,
+            &mut scores,
+        )?;
+        for (i, row) in scores.chunks_exact_mut(width).enumerate() {
+            if let AttentionMask::Causal { window, blocks } = view.mask {
+                let qp = view.first_query + i0 + i;
+                for (j, s) in row.iter_mut().enumerate() {
+                    let kp = view.first_key + k0 + j;
+                    let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
+                    let same_block = blocks.is_some_and(|b| {
+                        let (bq, bk) = (
+                            qp.wrapping_sub(view.first_query),
+                            kp.wrapping_sub(view.first_query),
+                        );
+                        bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
+                    });
+                    if !(causal || same_block) {
+                        *s = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            ops::softmax_inplace(row);
+        }
+        let o = &mut out[i0 * hd..(i0 + rows) * hd];
+        dg_quant::matmul_f32(&scores, &v[k0 * hd..k1 * hd], rows, width, hd, false, o)?;
+    }
+    Ok(out)
+}
+
+/// The keys `k0..k1` (indices into the view's keys) that query rows `i0..i0 + rows` can see.
+/// Image blocks see each other both ways, so a pass with image blocks keeps every key.
+fn visible_keys(view: &KeyView<'_>, i0: usize, rows: usize, n_keys: usize) -> (usize, usize) {
+    let AttentionMask::Causal {
+        window,
+        blocks: None,
+    } = view.mask
+    else {
+        return (0, n_keys);
+    };
+    let (first_q, last_q) = (view.first_query + i0, view.first_query + i0 + rows - 1);
+    let end = (last_q + 1).saturating_sub(view.first_key).min(n_keys);
+    let start = window.map_or(0, |w| {
+        (first_q + 1)
+            .saturating_sub(w)
+            .saturating_sub(view.first_key)
+    });
+    (start.min(end), end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `softmax(mask(q k^T)) v` for every query at once, in f64.
+    fn naive(q: &[f32], k: &[f32], v: &[f32], hd: usize, view: &KeyView<'_>) -> Vec<f64> {
+        let (len, n_keys) = (q.len() / hd, k.len() / hd);
+        let mut out = vec![0.0f64; len * hd];
+        for i in 0..len {
             let qp = view.first_query + i;
-            for (j, s) in row.iter_mut().enumerate() {
+            let visible = |j: usize| {
                 let kp = view.first_key + j;
-                let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
-                let same_block = blocks.is_some_and(|b| {
-                    let (bq, bk) = (
-                        qp.wrapping_sub(view.first_query),
-                        kp.wrapping_sub(view.first_query),
-                    );
-                    bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
-                });
-                if !(causal || same_block) {
-                    *s = f32::NEG_INFINITY;
+                match view.mask {
+                    AttentionMask::Full => true,
+                    AttentionMask::Causal { window, .. } => {
+                        kp <= qp && window.is_none_or(|w| qp < kp + w)
+                    }
+                }
+            };
+            let s: Vec<f64> = (0..n_keys)
+                .map(|j| match visible(j) {
+                    true => (0..hd)
+                        .map(|d| q[i * hd + d] as f64 * k[j * hd + d] as f64)
+                        .sum(),
+                    false => f64::NEG_INFINITY,
+                })
+                .collect();
+            let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for (j, w) in e.iter().enumerate() {
+                for d in 0..hd {
+                    out[i * hd + d] += w / sum * v[j * hd + d] as f64;
                 }
             }
         }
-        ops::softmax_inplace(row);
+        out
     }
-    let mut out = vec![0.0f32; len * hd];
-    dg_quant::matmul_f32(&scores, v, len, n_keys, hd, false, &mut out)?;
-    Ok(out)
+
+    #[test]
+    fn query_blocks_over_visible_keys_match_whole_attention() {
+        let hd = 8;
+        let value =
+            |i: usize, salt: usize| (((i * 7919 + salt * 104729) % 2003) as f32 / 2003.0) - 0.5;
+        // A continuation pass: 600 queries (3 blocks) after 100 cached positions.
+        let (cached, len) = (100, 600);
+        let n_keys = cached + len;
+        let q: Vec<f32> = (0..len * hd).map(|i| value(i, 1)).collect();
+        let k: Vec<f32> = (0..n_keys * hd).map(|i| value(i, 2)).collect();
+        let v: Vec<f32> = (0..n_keys * hd).map(|i| value(i, 3)).collect();
+        for mask in [
+            AttentionMask::Causal {
+                window: None,
+                blocks: None,
+            },
+            AttentionMask::Causal {
+                window: Some(300),
+                blocks: None,
+            },
+            AttentionMask::Full,
+        ] {
+            let view = KeyView {
+                keys: Vec::new(),
+                values: Vec::new(),
+                first_key: 0,
+                first_query: cached,
+                mask,
+            };
+            let got = attend_head(&q, len, &k, &v, hd, &view).unwrap();
+            let want = naive(&q, &k, &v, hd, &view);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() < 1e-5,
+                    "{mask:?}: element {i}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn visible_keys_end_at_the_last_query_and_start_at_the_window() {
+        let view = |window| KeyView {
+            keys: Vec::new(),
+            values: Vec::new(),
+            first_key: 10,
+            first_query: 50,
+            mask: AttentionMask::Causal {
+                window,
+                blocks: None,
+            },
+        };
+        // Rows 0..256 are positions 50..306; keys 0..296 are positions 10..306.
+        assert_eq!(visible_keys(&view(None), 0, 256, 1000), (0, 296));
+        // Window 100: the first query (position 50) sees positions from -49, i.e. key 0;
+        // rows 256..512 (positions 306..562) see positions 207.. = key 197.
+        assert_eq!(visible_keys(&view(Some(100)), 0, 256, 1000), (0, 296));
+        assert_eq!(visible_keys(&view(Some(100)), 256, 256, 1000), (197, 552));
+        let blocks = [0i32; 4];
+        let with_images = KeyView {
+            mask: AttentionMask::Causal {
+                window: Some(2),
+                blocks: Some(&blocks),
+            },
+            ..view(None)
+        };
+        assert_eq!(visible_keys(&with_images, 0, 4, 44), (0, 44));
+    }
 }
