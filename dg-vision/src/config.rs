@@ -10,6 +10,30 @@ use serde_json::Value;
 
 use crate::error::{Result, VisionError};
 
+// Upper bounds on the tower sizes a config may declare: generous (many times the real tower:
+// hidden 768, intermediate 3072, 16 layers, 12 heads of 64, patch 16, pooling 3, 280 soft
+// tokens, 10240 positions) and checked before anything is sized by them, so that a corrupt
+// config.json is a named error, not an allocation abort or an overflow.
+
+/// Largest `vision_config.hidden_size` and `text_config.hidden_size` (the embedder's output).
+pub const MAX_HIDDEN_SIZE: usize = 1 << 16;
+/// Largest `vision_config.intermediate_size`.
+pub const MAX_INTERMEDIATE_SIZE: usize = 1 << 18;
+/// Largest `vision_config.num_hidden_layers`.
+pub const MAX_LAYERS: usize = 1024;
+/// Largest attention or key/value head count.
+pub const MAX_HEADS: usize = 1024;
+/// Largest `vision_config.head_dim`.
+pub const MAX_HEAD_DIM: usize = 4096;
+/// Largest `vision_config.patch_size` (pixels per side).
+pub const MAX_PATCH_SIZE: usize = 256;
+/// Largest `vision_config.pooling_kernel_size`.
+pub const MAX_POOLING_KERNEL_SIZE: usize = 64;
+/// Largest `vision_config.position_embedding_size`.
+pub const MAX_POSITION_EMBEDDING_SIZE: usize = 1 << 20;
+/// Largest padded patch count, `default_output_length * pooling_kernel_size^2` (real: 2520).
+pub const MAX_PATCHES: usize = 1 << 20;
+
 /// `vision_config`: the tower's geometry. Missing fields take the reference dataclass defaults.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default)]
@@ -83,20 +107,52 @@ impl VisionConfig {
             field: format!("vision_config.{field}"),
             message,
         };
-        let positive = [
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.num_key_value_heads),
-            ("head_dim", self.head_dim),
-            ("default_output_length", self.default_output_length),
-            ("patch_size", self.patch_size),
-            ("pooling_kernel_size", self.pooling_kernel_size),
+        let sizes = [
+            ("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                MAX_INTERMEDIATE_SIZE,
+            ),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            (
+                "default_output_length",
+                self.default_output_length,
+                MAX_PATCHES,
+            ),
+            ("patch_size", self.patch_size, MAX_PATCH_SIZE),
+            (
+                "pooling_kernel_size",
+                self.pooling_kernel_size,
+                MAX_POOLING_KERNEL_SIZE,
+            ),
+            (
+                "position_embedding_size",
+                self.position_embedding_size,
+                MAX_POSITION_EMBEDDING_SIZE,
+            ),
         ];
-        for (field, v) in positive {
+        for (field, v, max) in sizes {
             if v == 0 {
                 return Err(bad(field, "must be positive".into()));
             }
+            if v > max {
+                return Err(bad(field, format!("{v} is over the limit of {max}")));
+            }
+        }
+        // All three bounded above, so the product cannot overflow.
+        if self.max_patches() > MAX_PATCHES {
+            return Err(bad(
+                "default_output_length",
+                format!(
+                    "{} soft tokens times pooling_kernel_size^2 ({}) is over {MAX_PATCHES} patches",
+                    self.default_output_length,
+                    self.pooling_kernel_size * self.pooling_kernel_size
+                ),
+            ));
         }
         if !self.head_dim.is_multiple_of(4) {
             // The reference's 2-D RoPE splits the head into two halves of 2*(head_dim/4)
@@ -118,13 +174,19 @@ impl VisionConfig {
                 ),
             ));
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(bad("rms_norm_eps", format!("{}", self.rms_norm_eps)));
+        if !(self.rms_norm_eps.is_finite() && (0.0..1.0).contains(&self.rms_norm_eps)) {
+            return Err(bad(
+                "rms_norm_eps",
+                format!("{} is not a finite value in [0, 1)", self.rms_norm_eps),
+            ));
         }
         if !(self.rope_parameters.rope_theta.is_finite() && self.rope_parameters.rope_theta > 0.0) {
             return Err(bad(
                 "rope_parameters.rope_theta",
-                format!("{}", self.rope_parameters.rope_theta),
+                format!(
+                    "{} is not a finite value > 0",
+                    self.rope_parameters.rope_theta
+                ),
             ));
         }
         Ok(())
@@ -195,8 +257,17 @@ impl CheckpointConfig {
         let vision = match value.get("vision_config") {
             None | Some(Value::Null) => None,
             Some(v) => {
-                let cfg: VisionConfig = serde_json::from_value(v.clone())
-                    .map_err(|e| err("vision_config", e.to_string()))?;
+                // The error names the field within vision_config, not just the block.
+                let cfg: VisionConfig =
+                    serde_path_to_error::deserialize(v.clone()).map_err(|e| {
+                        let path = e.path().to_string();
+                        let field = if path == "." {
+                            "vision_config".to_string()
+                        } else {
+                            format!("vision_config.{path}")
+                        };
+                        err(&field, e.inner().to_string())
+                    })?;
                 cfg.validate(path)?;
                 Some(cfg)
             }
@@ -206,9 +277,14 @@ impl CheckpointConfig {
             None => 2816,
             Some(v) => v
                 .as_u64()
-                .filter(|&h| h > 0)
-                .ok_or_else(|| err("text_config.hidden_size", format!("{v}")))?
-                as usize,
+                .and_then(|h| usize::try_from(h).ok())
+                .filter(|h| (1..=MAX_HIDDEN_SIZE).contains(h))
+                .ok_or_else(|| {
+                    err(
+                        "text_config.hidden_size",
+                        format!("{v} is not an integer in 1..={MAX_HIDDEN_SIZE}"),
+                    )
+                })?,
         };
         let token = |field: &str, default: Option<u32>| -> Result<Option<u32>> {
             match value.get(field) {
@@ -244,10 +320,12 @@ fn parse_quantization(q: &Value) -> std::result::Result<QuantConfig, (String, St
         let bits = v.get("bits").and_then(Value::as_u64);
         let group = v.get("group_size").and_then(Value::as_u64);
         match (bits, group) {
-            (Some(b @ 1..=8), Some(g)) if g > 0 => Ok(QuantParams {
-                bits: b as u32,
-                group_size: g as usize,
-            }),
+            (Some(b), Some(g)) => match (u32::try_from(b), usize::try_from(g)) {
+                (Ok(bits @ 1..=8), Ok(group_size)) if group_size > 0 => {
+                    Ok(QuantParams { bits, group_size })
+                }
+                _ => Err((field, format!("bad bits/group_size in {v}"))),
+            },
             _ => Err((field, format!("bad bits/group_size in {v}"))),
         }
     };
@@ -331,5 +409,50 @@ mod tests {
                 group_size: 64
             })
         );
+    }
+
+    #[test]
+    fn oversized_layer_counts_are_refused_before_allocation() {
+        for layers in [100_000_000_u64, 1_000_000_000_000, u64::MAX] {
+            let v: Value = serde_json::json!({"vision_config": {"num_hidden_layers": layers}});
+            let e = CheckpointConfig::from_json(&v, Path::new("/m/config.json")).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(e, VisionError::Config { .. })
+                    && msg.contains("vision_config.num_hidden_layers")
+                    && msg.contains("/m/config.json"),
+                "{msg}"
+            );
+        }
+        let v: Value = serde_json::json!({"vision_config": {"default_output_length": 65536,
+            "pooling_kernel_size": 64}});
+        let e = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("vision_config.default_output_length"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let v: Value = serde_json::json!({"vision_config": {"hidden_size": "big"}});
+        let e = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("vision_config.hidden_size") && msg.contains("invalid type"),
+            "{msg}"
+        );
+        let v: Value =
+            serde_json::json!({"vision_config": {"rope_parameters": {"rope_theta": -1.0}}});
+        let e = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("vision_config.rope_parameters.rope_theta"),
+            "{e}"
+        );
+        let v: Value = serde_json::json!({"text_config": {"hidden_size": 1_u64 << 40}});
+        let e = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap_err();
+        assert!(e.to_string().contains("text_config.hidden_size"), "{e}");
     }
 }
