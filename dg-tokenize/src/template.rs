@@ -49,9 +49,18 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// Template instructions one render may run: a real chat template over a long conversation
+/// takes a few hundred thousand; a template that loops without end stops here with an error.
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+/// Bytes one render may produce.
+pub const TEMPLATE_OUTPUT_MAX: usize = 64 << 20;
+/// Bytes of a template's source.
+pub const TEMPLATE_SOURCE_MAX: usize = 4 << 20;
+
 /// The minijinja environment configured like transformers' Jinja2 environment.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);
@@ -83,10 +92,7 @@ impl ChatTemplate {
     /// Reads and compiles a `chat_template.jinja` file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let source = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let source = read_capped(path, TEMPLATE_SOURCE_MAX)?;
         Self::compile(source, Some(path.to_path_buf()))
     }
 
@@ -101,10 +107,7 @@ impl ChatTemplate {
         }
         let config = dir.join("tokenizer_config.json");
         if config.is_file() {
-            let text = std::fs::read_to_string(&config).map_err(|source| Error::Io {
-                path: config.clone(),
-                source,
-            })?;
+            let text = read_capped(&config, TEMPLATE_SOURCE_MAX)?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|source| Error::Json {
                     path: config.clone(),
@@ -146,6 +149,15 @@ impl ChatTemplate {
     }
 
     fn compile(source: String, source_path: Option<PathBuf>) -> Result<Self> {
+        if source.len() > TEMPLATE_SOURCE_MAX {
+            return Err(Error::Template {
+                name: TEMPLATE_NAME.into(),
+                message: format!(
+                    "the template has {} bytes, more than {TEMPLATE_SOURCE_MAX}",
+                    source.len()
+                ),
+            });
+        }
         let mut env = environment();
         let name = source_path
             .as_ref()
@@ -221,8 +233,121 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::template(&name, &e))?;
+        let mut out = CappedWriter(Vec::new());
         template
-            .render(Value::from_serialize(&ctx))
-            .map_err(|e| Error::template(&name, &e))
+            .render_captured_to(Value::from_serialize(&ctx), &mut out)
+            .map_err(|e| match out.0.len() >= TEMPLATE_OUTPUT_MAX {
+                true => Error::Template {
+                    name: name.clone(),
+                    message: format!("the rendered prompt exceeds {TEMPLATE_OUTPUT_MAX} bytes"),
+                },
+                false => Error::template(&name, &e),
+            })?;
+        String::from_utf8(out.0).map_err(|e| Error::Template {
+            name,
+            message: format!("the rendered prompt is not UTF-8: {e}"),
+        })
+    }
+}
+
+/// Collects a render, refusing to grow past `TEMPLATE_OUTPUT_MAX` bytes.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > TEMPLATE_OUTPUT_MAX {
+            self.0.resize(TEMPLATE_OUTPUT_MAX, 0);
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads a regular file of at most `max` bytes as text (a FIFO or a device is refused, not
+/// read until it ends).
+fn read_capped(path: &Path, max: usize) -> Result<String> {
+    use std::io::Read;
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other("not a regular file")));
+    }
+    let mut text = String::new();
+    file.take(max as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() > max {
+        return Err(io(std::io::Error::other(format!("more than {max} bytes"))));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod limits {
+    use super::*;
+
+    fn render(source: &str) -> Result<String> {
+        ChatTemplate::new(source)?.render(&[Message::user("hi")], &RenderOptions::default())
+    }
+
+    #[test]
+    fn a_template_that_never_ends_runs_out_of_fuel() {
+        let err = render(
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("fuel"), "{err}");
+    }
+
+    #[test]
+    fn the_fuel_covers_a_long_conversation_with_the_real_template() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+        let template = ChatTemplate::from_dir(dir).unwrap();
+        let messages: Vec<Message> = (0..2000)
+            .map(|i| match i % 2 {
+                0 => Message::user(format!("question {i}")),
+                _ => Message::assistant(format!("answer {i}")),
+            })
+            .collect();
+        let text = template.render(&messages, &RenderOptions::default()).unwrap();
+        assert!(text.contains("answer 1999"));
+    }
+
+    #[test]
+    fn output_past_the_cap_is_an_error() {
+        let err = render("{% for a in range(100000) %}{{ 'x' * 1000 }}{% endfor %}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exceeds 67108864 bytes"), "{err}");
+    }
+
+    #[test]
+    fn oversized_and_special_template_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("chat_template.jinja");
+        std::fs::write(&big, "x".repeat(TEMPLATE_SOURCE_MAX + 1)).unwrap();
+        let err = ChatTemplate::from_file(&big).unwrap_err().to_string();
+        assert!(
+            err.contains("more than 4194304 bytes") && err.contains("chat_template.jinja"),
+            "{err}"
+        );
+        #[cfg(unix)]
+        {
+            let link = dir.path().join("zero.jinja");
+            std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+            let err = ChatTemplate::from_file(&link).unwrap_err().to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
+        assert!(ChatTemplate::new("x".repeat(TEMPLATE_SOURCE_MAX + 1)).is_err());
     }
 }
