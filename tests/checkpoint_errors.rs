@@ -158,3 +158,115 @@ fn not_a_checkpoint_directory() {
     let err = load_err(Path::new("/nonexistent/dg-model"));
     assert!(err.contains("/nonexistent/dg-model"), "{err}");
 }
+
+// --- The index of OptiQ's sidecar revision -------------------------------------------------
+// Its `weight_map` lists the vision tower's tensors with `optiq/optiq_vision.safetensors`, a path
+// relative to the checkpoint directory (tests/fixtures/models/tiny-vision-sidecar is written
+// that way). Both loaders (dg-core's text checkpoint, dg-vision's tower) resolve such a name
+// against the directory and refuse one that leaves it.
+
+const SIDECAR: &str = "optiq/optiq_vision.safetensors";
+const INDEX: &str = "model.safetensors.index.json";
+
+fn sidecar_fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny-vision-sidecar")
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), to).unwrap();
+        }
+    }
+}
+
+/// A copy of the sidecar fixture at `<tmp>/ckpt` whose index names `file` for the tower.
+fn sidecar_copy(file: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    copy_dir(&sidecar_fixture(), &dir);
+    let path = dir.join(INDEX);
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut renamed = 0;
+    for v in index["weight_map"].as_object_mut().unwrap().values_mut() {
+        if v == SIDECAR {
+            *v = file.into();
+            renamed += 1;
+        }
+    }
+    assert!(renamed > 0, "the fixture's index names no {SIDECAR}");
+    std::fs::write(&path, index.to_string()).unwrap();
+    (tmp, dir)
+}
+
+fn text_checkpoint_err(dir: &Path) -> String {
+    let config = dg_core::config::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    match dg_core::checkpoint::Checkpoint::open(dir, dg_core::model::sanitize_options(&config)) {
+        Ok(_) => panic!("{} opened but should not", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Every loader refuses `dir`, naming the index, a `weight_map` entry and `named`.
+fn index_refused(dir: &Path, named: &str) {
+    let index = dir.join(INDEX).display().to_string();
+    let errors = [
+        ("engine", load_err(dir)),
+        ("text checkpoint", text_checkpoint_err(dir)),
+        (
+            "vision tower",
+            dg_vision::VisionModel::load(dir).unwrap_err().to_string(),
+        ),
+    ];
+    for (who, err) in errors {
+        assert!(
+            err.contains(&index) && err.contains("weight_map[") && err.contains(named),
+            "{who}: {err}"
+        );
+    }
+}
+
+#[test]
+fn sidecar_index_naming_the_subfolder_loads() {
+    let dir = sidecar_fixture();
+    let index = std::fs::read_to_string(dir.join(INDEX)).unwrap();
+    assert!(index.contains(&format!("\"{SIDECAR}\"")), "{index}");
+    let model = DiffusionGemma::load(&dir).unwrap();
+    let mut req = Request::tokens(vec![10, 20, 30, 40]);
+    req.max_tokens = 4;
+    req.steps = Some(2);
+    model.generate(&req).unwrap();
+    // The 0.7.7 layout: the sidecar at the root, the index naming it there.
+    let (_tmp, dir) = sidecar_copy("optiq_vision.safetensors");
+    std::fs::rename(dir.join(SIDECAR), dir.join("optiq_vision.safetensors")).unwrap();
+    DiffusionGemma::load(&dir).unwrap();
+}
+
+#[test]
+fn sidecar_index_naming_a_file_outside_the_checkpoint_is_refused() {
+    // `../x.safetensors` is refused although the file is there.
+    let (tmp, dir) = sidecar_copy("../x.safetensors");
+    std::fs::copy(dir.join(SIDECAR), tmp.path().join("x.safetensors")).unwrap();
+    index_refused(&dir, "`../x.safetensors`");
+
+    let (_tmp, dir) = sidecar_copy("optiq/../../ckpt/optiq/optiq_vision.safetensors");
+    index_refused(&dir, "optiq/../../ckpt/optiq/optiq_vision.safetensors");
+
+    // An absolute path, even one to the checkpoint's own sidecar.
+    let abs = sidecar_fixture().join(SIDECAR).display().to_string();
+    let (_tmp, dir) = sidecar_copy(&abs);
+    index_refused(&dir, &abs);
+}
+
+#[test]
+fn sidecar_named_by_the_index_but_missing_is_refused() {
+    let (_tmp, dir) = sidecar_copy(SIDECAR);
+    std::fs::remove_file(dir.join(SIDECAR)).unwrap();
+    index_refused(&dir, "optiq/optiq_vision.safetensors, which is missing");
+}

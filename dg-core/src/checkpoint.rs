@@ -157,7 +157,7 @@ impl Checkpoint {
                 reason: "no model*.safetensors files".into(),
             });
         }
-        check_index(dir, &paths)?;
+        check_index(dir)?;
         let mut ck = Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
@@ -361,8 +361,48 @@ impl Checkpoint {
     }
 }
 
-/// When `model.safetensors.index.json` exists, every file its `weight_map` names must be there.
-fn check_index(dir: &Path, shards: &[PathBuf]) -> Result<(), CoreError> {
+/// Resolves a file name from the index's `weight_map` against the checkpoint directory.
+///
+/// The file is a path relative to the directory: a shard (`model-00001-of-00002.safetensors`) or
+/// a file in a subfolder (OptiQ's vision sidecar, `optiq/optiq_vision.safetensors`). A name that
+/// could reach outside the directory (absolute, or with a `..` component) is refused, as is an
+/// empty one; the `Err` says why. Nothing is touched on disk, and symlinks are not resolved (a
+/// Hugging Face cache snapshot links every file to a blob outside the snapshot directory).
+///
+/// `dg-vision` applies the same rule to the same index (`dg-vision/src/weights.rs`).
+fn resolve_index_file(dir: &Path, file: &str) -> Result<PathBuf, String> {
+    use std::path::Component;
+    if file.is_empty() {
+        return Err("an empty file name".into());
+    }
+    let mut resolved = dir.to_path_buf();
+    for c in Path::new(file).components() {
+        match c {
+            Component::Normal(part) => resolved.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(format!(
+                    "`{file}`, a path with a `..` component (index file names must stay \
+                     inside the checkpoint directory)"
+                ))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "`{file}`, an absolute path (index file names are relative to the \
+                     checkpoint directory)"
+                ))
+            }
+        }
+    }
+    if resolved == dir {
+        return Err(format!("`{file}`, which names no file"));
+    }
+    Ok(resolved)
+}
+
+/// When `model.safetensors.index.json` exists, every file its `weight_map` names (a path
+/// relative to the checkpoint directory, see [`resolve_index_file`]) must be there.
+fn check_index(dir: &Path) -> Result<(), CoreError> {
     let index = dir.join("model.safetensors.index.json");
     let Ok(text) = std::fs::read_to_string(&index) else {
         return Ok(());
@@ -376,14 +416,18 @@ fn check_index(dir: &Path, shards: &[PathBuf]) -> Result<(), CoreError> {
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("no weight_map object".into()))?;
+    // Thousands of entries name a handful of files: look at each file once.
+    let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (tensor, file) in map {
         let file = file
             .as_str()
             .ok_or_else(|| bad(format!("weight_map[{tensor}] is not a string")))?;
-        if !shards
-            .iter()
-            .any(|p| p.file_name().and_then(|n| n.to_str()) == Some(file))
-        {
+        if !checked.insert(file) {
+            continue;
+        }
+        let path = resolve_index_file(dir, file)
+            .map_err(|why| bad(format!("weight_map[{tensor}] names {why}")))?;
+        if !path.is_file() {
             return Err(bad(format!(
                 "weight_map[{tensor}] names {file}, which is missing"
             )));
@@ -395,6 +439,50 @@ fn check_index(dir: &Path, shards: &[PathBuf]) -> Result<(), CoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_files_resolve_inside_the_checkpoint_only() {
+        let dir = Path::new("/models/dg");
+        let ok = |f: &str| resolve_index_file(dir, f).unwrap();
+        assert_eq!(ok("model.safetensors"), dir.join("model.safetensors"));
+        assert_eq!(
+            ok("optiq/optiq_vision.safetensors"),
+            dir.join("optiq").join("optiq_vision.safetensors")
+        );
+        assert_eq!(ok("./model.safetensors"), dir.join("model.safetensors"));
+        for bad in [
+            "../x.safetensors",
+            "optiq/../../x.safetensors",
+            "optiq/../model.safetensors",
+            "/x.safetensors",
+            "/models/dg/model.safetensors",
+            "",
+            ".",
+        ] {
+            assert!(resolve_index_file(dir, bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/models")
+            .join(name)
+    }
+
+    #[test]
+    fn an_index_naming_the_sidecar_subfolder_opens() {
+        let dir = fixture("tiny-vision-sidecar");
+        let index = std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap();
+        assert!(index.contains("\"optiq/optiq_vision.safetensors\""));
+        let opts = SanitizeOptions {
+            has_vision_tower: true,
+            use_clipped_linears: true,
+        };
+        let ck = Checkpoint::open(&dir, opts).unwrap();
+        // The text loader maps the model shard only, once; the sidecar is dg-vision's.
+        assert_eq!(ck.shards.len(), 1);
+        assert!(ck.contains("model.decoder.embed_tokens.weight"));
+    }
 
     #[test]
     fn sanitize_follows_the_reference() {

@@ -5,6 +5,11 @@
 //! replaces an earlier one's), then the bf16 vision sidecar `optiq/optiq_vision.safetensors`
 //! (or, for older quants, `optiq_vision.safetensors` at the root), whose names lack the
 //! `model.encoder.` prefix. A tensor in the model shards wins over the sidecar's.
+//!
+//! The reference never reads `model.safetensors.index.json`; like dg-core's checkpoint loader,
+//! this one checks that every file its `weight_map` names is there. The names are paths relative
+//! to the checkpoint directory: OptiQ's sidecar revision lists the tower's tensors with
+//! `optiq/optiq_vision.safetensors`. A name reaching outside the directory is refused.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -200,8 +205,83 @@ fn sidecar_canonical(name: &str) -> Option<String> {
     .then_some(full)
 }
 
+/// Resolves a file name from the index's `weight_map` against the checkpoint directory: a path
+/// relative to it (`model-00001-of-00002.safetensors`, `optiq/optiq_vision.safetensors`). A name
+/// that could reach outside the directory (absolute, or with a `..` component) is refused, as is
+/// an empty one; the `Err` says why. Nothing is touched on disk and symlinks are not resolved (a
+/// Hugging Face cache snapshot links every file to a blob outside the snapshot directory).
+///
+/// The same rule as dg-core's checkpoint loader (`dg-core/src/checkpoint.rs`) for the same index.
+fn resolve_index_file(dir: &Path, file: &str) -> std::result::Result<PathBuf, String> {
+    use std::path::Component;
+    if file.is_empty() {
+        return Err("an empty file name".into());
+    }
+    let mut resolved = dir.to_path_buf();
+    for c in Path::new(file).components() {
+        match c {
+            Component::Normal(part) => resolved.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(format!(
+                    "`{file}`, a path with a `..` component (index file names must stay \
+                     inside the checkpoint directory)"
+                ))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "`{file}`, an absolute path (index file names are relative to the \
+                     checkpoint directory)"
+                ))
+            }
+        }
+    }
+    if resolved == dir {
+        return Err(format!("`{file}`, which names no file"));
+    }
+    Ok(resolved)
+}
+
+/// When `model.safetensors.index.json` exists, every file its `weight_map` names (see
+/// [`resolve_index_file`]) must be there. Errors name the index and the `weight_map` entry.
+fn check_index(dir: &Path) -> Result<()> {
+    let index = dir.join("model.safetensors.index.json");
+    let Ok(text) = std::fs::read_to_string(&index) else {
+        return Ok(());
+    };
+    let bad = |field: String, message: String| VisionError::Config {
+        path: index.clone(),
+        field,
+        message,
+    };
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| bad("weight_map".into(), format!("not valid JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("weight_map".into(), "no weight_map object".into()))?;
+    // Thousands of entries name a handful of files: look at each file once.
+    let mut checked: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for (tensor, file) in map {
+        let field = || format!("weight_map[{tensor}]");
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(field(), "not a string".into()))?;
+        if !checked.insert(file) {
+            continue;
+        }
+        let path =
+            resolve_index_file(dir, file).map_err(|why| bad(field(), format!("names {why}")))?;
+        if !path.is_file() {
+            return Err(bad(field(), format!("names {file}, which is missing")));
+        }
+    }
+    Ok(())
+}
+
 impl TensorStore {
-    /// Maps the checkpoint's model shards and its vision sidecar, if any.
+    /// Maps the checkpoint's model shards and its vision sidecar, if any, after checking the
+    /// index (when there is one) names only files that are there.
     pub fn open(dir: &Path) -> Result<Self> {
         let entries = std::fs::read_dir(dir).map_err(|source| VisionError::Io {
             path: dir.to_path_buf(),
@@ -219,6 +299,7 @@ impl TensorStore {
             }
         }
         shards.sort();
+        check_index(dir)?;
         let mut store = TensorStore {
             files: Vec::new(),
             index: HashMap::new(),
@@ -321,6 +402,47 @@ impl TensorStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_files_resolve_inside_the_checkpoint_only() {
+        let dir = Path::new("/models/dg");
+        let ok = |f: &str| resolve_index_file(dir, f).unwrap();
+        assert_eq!(ok("model.safetensors"), dir.join("model.safetensors"));
+        assert_eq!(
+            ok("optiq/optiq_vision.safetensors"),
+            dir.join("optiq").join("optiq_vision.safetensors")
+        );
+        assert_eq!(ok("./model.safetensors"), dir.join("model.safetensors"));
+        for bad in [
+            "../x.safetensors",
+            "optiq/../../x.safetensors",
+            "optiq/../model.safetensors",
+            "/x.safetensors",
+            "/models/dg/model.safetensors",
+            "",
+            ".",
+        ] {
+            assert!(resolve_index_file(dir, bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn the_sidecar_named_by_the_index_is_mapped_once() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/models/tiny-vision-sidecar");
+        let index = std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap();
+        assert!(index.contains("\"optiq/optiq_vision.safetensors\""));
+        let store = TensorStore::open(&dir).unwrap();
+        let paths: Vec<&Path> = store.files.iter().map(|f| f.path.as_path()).collect();
+        assert_eq!(
+            paths,
+            [
+                dir.join("model.safetensors").as_path(),
+                dir.join("optiq/optiq_vision.safetensors").as_path()
+            ]
+        );
+        assert!(store.is_from_sidecar("model.encoder.embed_vision.embedding_projection.weight"));
+    }
 
     #[test]
     fn sidecar_names_map_like_the_reference() {

@@ -9,7 +9,9 @@ Writes
   tests/fixtures/models/tiny-vision/          the tower inline, 4-bit quantized (the layout of the
                                              real mlx-community checkpoint's first revision)
   tests/fixtures/models/tiny-vision-sidecar/ the tower in bf16 in optiq/optiq_vision.safetensors,
-                                             the model shards text-only (newer revisions)
+                                             the model shards text-only, the index naming
+                                             optiq/optiq_vision.safetensors for the tower's
+                                             tensors (newer revisions)
   tests/fixtures/images/                     small test images (PNG, JPEG, GIF, WebP; one JPEG
                                              with an EXIF orientation tag)
 
@@ -23,6 +25,13 @@ the real checkpoint's 4304-wide one); with the default `quantize_vision=False` c
 tower into the bf16 sidecar through `optiq.sidecars.attach_sidecars` / `build_vision_sidecar`.
 mlx-optiq 0.7.7 writes that sidecar at the checkpoint root; the published checkpoint (and
 REFERENCE.md) has it under `optiq/`, where the reference loader looks first, so it is moved there.
+The published revision's `model.safetensors.index.json` also lists every sidecar tensor (under its
+sidecar name, e.g. `embed_vision.embedding_projection.weight`) with the file
+`optiq/optiq_vision.safetensors`: OptiQ's `optiq.vlm.sidecar._register_vision_in_index` writes
+those entries so that index-reading loaders (mlx-vlm) find the tower. In 0.7.7's convert that call
+runs before `save_model` writes the index, so its entries never reach the output; the fixture
+gets them by calling the same function on the finished checkpoint with the published revision's
+relative path. The reference loader itself never reads the index.
 
 The text part is the `tiny` fixture's (make_checkpoints.TINY, the same seed and recipe, so the
 same text weights). The tower is small but has the real geometry's quirks: head_dim 16 (the
@@ -182,13 +191,27 @@ def verify(out: pathlib.Path, inline: bool) -> None:
 
 
 def move_sidecar_under_optiq(out: pathlib.Path) -> None:
-    root = out / "optiq_vision.safetensors"
+    """The published sidecar layout: the sidecar under `optiq/`, and the index naming it there."""
+    from optiq.sidecar_layout import SIDECAR_SUBDIR, VISION_BASENAME
+    from optiq.vlm.sidecar import _register_vision_in_index
+
+    root = out / VISION_BASENAME
     assert root.is_file(), "convert wrote no vision sidecar"
-    (out / "optiq").mkdir(exist_ok=True)
-    shutil.move(str(root), out / "optiq" / "optiq_vision.safetensors")
+    (out / SIDECAR_SUBDIR).mkdir(exist_ok=True)
+    sidecar = out / SIDECAR_SUBDIR / VISION_BASENAME
+    shutil.move(str(root), sidecar)
     # build_vision_sidecar notes the sidecar in config.json ("optiq_vision"), but convert's
     # save_config rewrites config.json after it, so 0.7.7's output carries no such key.
     assert "optiq_vision" not in json.loads((out / "config.json").read_text())
+    # The index entries build_vision_sidecar would have written, with the published path.
+    index = out / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    assert not any(f != "model.safetensors" for f in weight_map.values()), "unexpected index"
+    keys = sorted(mx.load(str(sidecar)))
+    rel = f"{SIDECAR_SUBDIR}/{VISION_BASENAME}"
+    assert _register_vision_in_index(out, rel, keys), "no index to register the sidecar in"
+    weight_map = json.loads(index.read_text())["weight_map"]
+    assert sum(f == rel for f in weight_map.values()) == len(keys), "sidecar entries missing"
 
 
 def finish_fixture(out: pathlib.Path, name: str, inline: bool) -> None:
