@@ -101,14 +101,7 @@ pub fn resize_bicubic_rgb8(
     out_h: usize,
     out_w: usize,
 ) -> Result<Vec<u8>> {
-    if src.len() != in_h * in_w * 3 {
-        return Err(VisionError::PixelBuffer {
-            width: in_w,
-            height: in_h,
-            expected: in_h * in_w * 3,
-            got: src.len(),
-        });
-    }
+    preprocess::check_rgb_len(in_w, in_h, src.len())?;
     if in_h == 0 || in_w == 0 || out_h == 0 || out_w == 0 {
         return Err(VisionError::InvalidOption {
             option: "size",

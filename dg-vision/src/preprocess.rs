@@ -156,15 +156,7 @@ impl ImageProcessor {
 
     /// Resizes a decoded image and counts its soft tokens.
     pub fn prepare(&self, image: &RgbImage) -> Result<PreparedImage> {
-        let expected = image.width * image.height * 3;
-        if image.data.len() != expected {
-            return Err(VisionError::PixelBuffer {
-                width: image.width,
-                height: image.height,
-                expected,
-                got: image.data.len(),
-            });
-        }
+        check_rgb_len(image.width, image.height, image.data.len())?;
         let (th, tw) = self.target_size(image.height, image.width)?;
         let rgb = resize_bicubic_rgb8(&image.data, image.height, image.width, th, tw);
         let n_patches = (th / self.patch_size) * (tw / self.patch_size);
@@ -198,6 +190,7 @@ impl ImageProcessor {
 
     /// Prepares raw `height x width x 3` RGB bytes (already decoded by the caller).
     pub fn prepare_rgb(&self, width: usize, height: usize, rgb: &[u8]) -> Result<PreparedImage> {
+        check_rgb_len(width, height, rgb.len())?;
         self.prepare(&RgbImage {
             width,
             height,
@@ -206,12 +199,46 @@ impl ImageProcessor {
     }
 }
 
+/// Checks that `len` bytes are a `width x height` RGB image (with overflow-checked sizes).
+pub(crate) fn check_rgb_len(width: usize, height: usize, len: usize) -> Result<()> {
+    let expected = width
+        .checked_mul(height)
+        .and_then(|n| n.checked_mul(3))
+        .ok_or_else(|| VisionError::InvalidOption {
+            option: "image size",
+            message: format!("{width} x {height} pixels: the size overflows"),
+        })?;
+    if len != expected {
+        return Err(VisionError::PixelBuffer {
+            width,
+            height,
+            expected,
+            got: len,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn p() -> ImageProcessor {
         ImageProcessor::default()
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors() {
+        let err = p()
+            .prepare_rgb(1 << 62, 4, &[0; 48])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("image size") && err.contains("overflows"),
+            "{err}"
+        );
+        let err = p().prepare_rgb(4, 4, &[0; 47]).unwrap_err().to_string();
+        assert!(err.contains("holds 47 bytes"), "{err}");
     }
 
     #[test]
