@@ -61,8 +61,22 @@ pub enum Defaults {
 }
 
 /// A generation request. Build it with [`Request::chat`], [`Request::text`] or
-/// [`Request::tokens`] and adjust fields; every field has the reference's default.
+/// [`Request::tokens`], then chain options (or set fields); every option has the reference's
+/// default.
+///
+/// ```
+/// use dg_engine::{Message, Request, Sampler};
+///
+/// let request = Request::chat(vec![Message::user("Name three rivers.")])
+///     .max_tokens(64)
+///     .sampler(Sampler::EntropyBound { bound: None })
+///     .temperature(0.7)
+///     .seed(1)
+///     .stop(["\n\n"]);
+/// assert_eq!(request.max_tokens, 64);
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Request {
     pub prompt: Prompt,
     /// Maximum number of generated tokens (the reference's public default: 512).
@@ -129,6 +143,68 @@ impl Request {
     /// A request from prompt token ids.
     pub fn tokens(ids: Vec<u32>) -> Self {
         Self::with_prompt(Prompt::Tokens(ids))
+    }
+
+    /// Sets [`max_tokens`](Self::max_tokens).
+    pub fn max_tokens(mut self, max_tokens: usize) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+
+    /// Sets the [`sampler`](Self::sampler).
+    pub fn sampler(mut self, sampler: Sampler) -> Self {
+        self.sampler = sampler;
+        self
+    }
+
+    /// Sets the [`temperature`](Self::temperature).
+    pub fn temperature(mut self, temperature: f32) -> Self {
+        self.temperature = temperature;
+        self
+    }
+
+    /// Sets the denoising [`steps`](Self::steps) per block.
+    pub fn steps(mut self, steps: usize) -> Self {
+        self.steps = Some(steps);
+        self
+    }
+
+    /// Sets the smallest and largest canvas ([`min_canvas`](Self::min_canvas),
+    /// [`max_canvas`](Self::max_canvas)).
+    pub fn canvas(mut self, min: usize, max: usize) -> Self {
+        self.min_canvas = Some(min);
+        self.max_canvas = Some(max);
+        self
+    }
+
+    /// Always uses the model's full canvas length ([`full_canvas`](Self::full_canvas)).
+    pub fn full_canvas(mut self, full: bool) -> Self {
+        self.full_canvas = full;
+        self
+    }
+
+    /// Sets the [`seed`](Self::seed).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets where unset options take their [`defaults`](Self::defaults) from.
+    pub fn defaults(mut self, defaults: Defaults) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// Sets the [`images`](Self::images), one per image placeholder in the prompt.
+    pub fn images(mut self, images: Vec<Image>) -> Self {
+        self.images = images;
+        self
+    }
+
+    /// Sets the [`stop`](Self::stop) strings.
+    pub fn stop<S: Into<String>>(mut self, stop: impl IntoIterator<Item = S>) -> Self {
+        self.stop = stop.into_iter().map(Into::into).collect();
+        self
     }
 
     /// Checks every option, naming the one at fault.

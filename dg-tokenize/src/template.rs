@@ -319,7 +319,9 @@ mod limits {
                 _ => Message::assistant(format!("answer {i}")),
             })
             .collect();
-        let text = template.render(&messages, &RenderOptions::default()).unwrap();
+        let text = template
+            .render(&messages, &RenderOptions::default())
+            .unwrap();
         assert!(text.contains("answer 1999"));
     }
 
