@@ -27,26 +27,120 @@ impl Default for GenerationSettings {
     }
 }
 
+/// Most denoising steps per block a generation config may ask for (the reference uses 48).
+pub const MAX_DENOISING_STEPS: usize = 1024;
+
+fn invalid(name: &'static str, reason: String) -> EngineError {
+    EngineError::InvalidArgument { name, reason }
+}
+
 fn number(v: &Value, name: &'static str) -> Result<f64> {
-    v.as_f64().ok_or_else(|| EngineError::InvalidArgument {
-        name,
-        reason: format!("generation config value {v} is not a number"),
+    v.as_f64()
+        .ok_or_else(|| invalid(name, format!("generation config value {v} is not a number")))
+}
+
+/// A count: a non-negative integer (`2.0` counts as 2, as it does in Python).
+fn count(v: &Value, name: &'static str) -> Result<usize> {
+    let n = match v.as_u64() {
+        Some(n) => Some(n),
+        None => v
+            .as_f64()
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < u64::MAX as f64)
+            .map(|x| x as u64),
+    };
+    n.and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
+        invalid(
+            name,
+            format!("generation config value {v} is not a non-negative integer"),
+        )
     })
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+/// `eos_token_id`: an id, a list of ids, or null. Every id must fit a `u32` token id: a larger
+/// one is refused, never truncated.
+fn ids(v: &Value) -> Result<Vec<u32>> {
+    let id = |x: &Value| {
+        x.as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| invalid("eos_token_id", format!("{x} is not a token id")))
+    };
     match v {
-        Value::Number(n) => n.as_u64().map(|i| vec![i as u32]).unwrap_or_default(),
-        Value::Array(a) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|i| i as u32))
-            .collect(),
-        _ => Vec::new(),
+        Value::Null => Ok(Vec::new()),
+        Value::Number(_) => Ok(vec![id(v)?]),
+        Value::Array(a) => a.iter().map(id).collect(),
+        _ => Err(invalid(
+            "eos_token_id",
+            format!("{v} is not a token id or a list of them"),
+        )),
     }
 }
 
+/// Whether `x` is finite in f32 too (the samplers compute in f32).
+fn finite_f32(x: f64) -> bool {
+    x.is_finite() && (x as f32).is_finite()
+}
+
 impl GenerationSettings {
-    /// Resolves a generation-config dictionary (`None` or a non-object behaves as `{}`).
+    /// Checks every setting, naming the one at fault: the one validation of generation settings
+    /// from any source ([`Self::resolve`] calls it; call it on settings you build yourself).
+    ///
+    /// - `steps`: `1..=`[`MAX_DENOISING_STEPS`].
+    /// - `entropy_bound`: finite and `> 0` (as a request's bound).
+    /// - `t_min`, `t_max`: finite, `0 <= t_min <= t_max`, `t_max > 0`, so that every step's
+    ///   temperature `t_min + (t_max - t_min) * k / steps` (`k >= 1`) is positive: the logits
+    ///   are divided by it.
+    /// - `stop`: `stability_threshold <= MAX_DENOISING_STEPS` (0 is the reference's quirk:
+    ///   every step counts as stable), `confidence_threshold` finite and `>= 0`.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_DENOISING_STEPS).contains(&self.steps) {
+            return Err(invalid(
+                "steps",
+                format!("{} is not in 1..={MAX_DENOISING_STEPS}", self.steps),
+            ));
+        }
+        if !(finite_f32(self.entropy_bound) && self.entropy_bound > 0.0) {
+            return Err(invalid(
+                "entropy_bound",
+                format!("{} is not a finite value > 0", self.entropy_bound),
+            ));
+        }
+        if !(finite_f32(self.t_min) && self.t_min >= 0.0) {
+            return Err(invalid(
+                "t_min",
+                format!("{} is not a finite value >= 0", self.t_min),
+            ));
+        }
+        if !(finite_f32(self.t_max) && self.t_max > 0.0) {
+            return Err(invalid(
+                "t_max",
+                format!("{} is not a finite value > 0", self.t_max),
+            ));
+        }
+        if self.t_min > self.t_max {
+            return Err(invalid(
+                "t_min",
+                format!("{} is above t_max {}", self.t_min, self.t_max),
+            ));
+        }
+        if let Some((stability, confidence)) = self.stop {
+            if stability > MAX_DENOISING_STEPS {
+                return Err(invalid(
+                    "stability_threshold",
+                    format!("{stability} is over the limit of {MAX_DENOISING_STEPS}"),
+                ));
+            }
+            if !(finite_f32(confidence) && confidence >= 0.0) {
+                return Err(invalid(
+                    "confidence_threshold",
+                    format!("{confidence} is not a finite value >= 0"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a generation-config dictionary (`None` or a non-object behaves as `{}`), then
+    /// [validates](Self::validate) it; errors name the config's key.
     pub fn resolve(config: Option<&Value>) -> Result<Self> {
         let empty = serde_json::Map::new();
         let g = config.and_then(Value::as_object).unwrap_or(&empty);
@@ -56,13 +150,9 @@ impl GenerationSettings {
                 .filter(|m| !m.is_empty())
         };
 
+        // The reference's `max_denoising_steps or 48`: absent, null and 0 mean 48.
         let steps = match g.get("max_denoising_steps") {
-            Some(v) if !v.is_null() && v.as_u64() != Some(0) => {
-                v.as_u64().ok_or_else(|| EngineError::InvalidArgument {
-                    name: "max_denoising_steps",
-                    reason: format!("generation config value {v} is not a positive integer"),
-                })? as usize
-            }
+            Some(v) if !v.is_null() && v.as_u64() != Some(0) => count(v, "max_denoising_steps")?,
             _ => 48,
         };
 
@@ -72,10 +162,10 @@ impl GenerationSettings {
             .and_then(Value::as_str)
             .unwrap_or("EntropyBoundSamplerConfig");
         if sampler_name != "EntropyBoundSamplerConfig" {
-            return Err(EngineError::InvalidArgument {
-                name: "sampler_config",
-                reason: format!("diffusion sampler {sampler_name:?} is not supported"),
-            });
+            return Err(invalid(
+                "sampler_config",
+                format!("diffusion sampler {sampler_name:?} is not supported"),
+            ));
         }
         let entropy_bound = match sampler.and_then(|s| s.get("entropy_bound")) {
             Some(v) => number(v, "entropy_bound")?,
@@ -102,7 +192,7 @@ impl GenerationSettings {
         let stop = match stop_source {
             Some(s) => {
                 let stability = match s.get("stability_threshold") {
-                    Some(v) => number(v, "stability_threshold")? as usize,
+                    Some(v) => count(v, "stability_threshold")?,
                     None => 1,
                 };
                 let confidence = match s.get("confidence_threshold") {
@@ -114,14 +204,27 @@ impl GenerationSettings {
             None => None,
         };
 
-        Ok(GenerationSettings {
+        let settings = GenerationSettings {
             steps,
             entropy_bound,
             t_min,
             t_max,
             stop,
-            extra_eos: g.get("eos_token_id").map(ids).unwrap_or_default(),
-        })
+            extra_eos: g
+                .get("eos_token_id")
+                .map(ids)
+                .transpose()?
+                .unwrap_or_default(),
+        };
+        settings.validate().map_err(|e| match e {
+            // The config's name for `steps`.
+            EngineError::InvalidArgument {
+                name: "steps",
+                reason,
+            } => invalid("max_denoising_steps", reason),
+            other => other,
+        })?;
+        Ok(settings)
     }
 }
 
@@ -158,5 +261,139 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("TopKSamplerConfig"), "{err}");
+    }
+
+    /// Asserts `InvalidArgument` naming `field` for the config `g`.
+    fn refused(g: Value, field: &str) {
+        match GenerationSettings::resolve(Some(&g)) {
+            Err(e @ EngineError::InvalidArgument { name, .. }) => {
+                assert_eq!(name, field, "{e}");
+                assert!(e.to_string().starts_with(field), "{e}");
+            }
+            Err(e) => panic!("{g}: not an InvalidArgument: {e}"),
+            Ok(s) => panic!("{g}: accepted as {s:?}; expected an error naming {field}"),
+        }
+    }
+
+    #[test]
+    fn eos_ids_over_u32_are_refused_not_truncated() {
+        refused(json!({"eos_token_id": (1u64 << 32) + 26}), "eos_token_id");
+        refused(
+            json!({"eos_token_id": [1, (1u64 << 32) + 26]}),
+            "eos_token_id",
+        );
+        refused(json!({"eos_token_id": [1, -3]}), "eos_token_id");
+        refused(json!({"eos_token_id": "1"}), "eos_token_id");
+        let s = GenerationSettings::resolve(Some(&json!({"eos_token_id": null}))).unwrap();
+        assert!(s.extra_eos.is_empty());
+    }
+
+    #[test]
+    fn the_stop_rule_is_checked() {
+        refused(json!({"stability_threshold": -3}), "stability_threshold");
+        refused(json!({"stability_threshold": 1.5}), "stability_threshold");
+        refused(json!({"stability_threshold": 1e9}), "stability_threshold");
+        refused(
+            json!({"diffusion_stopping_config": {"stability_threshold": -3}}),
+            "stability_threshold",
+        );
+        refused(
+            json!({"confidence_threshold": -0.1}),
+            "confidence_threshold",
+        );
+        refused(
+            json!({"confidence_threshold": 1e300}),
+            "confidence_threshold",
+        );
+        // 2.0 is 2, as in Python; 0 is the reference's "every step is stable" quirk.
+        let s = GenerationSettings::resolve(Some(&json!({"stability_threshold": 2.0}))).unwrap();
+        assert_eq!(s.stop, Some((2, 0.005)));
+        let s = GenerationSettings::resolve(Some(&json!({"stability_threshold": 0}))).unwrap();
+        assert_eq!(s.stop, Some((0, 0.005)));
+    }
+
+    #[test]
+    fn the_temperature_schedule_stays_positive() {
+        refused(json!({"t_min": 0, "t_max": 0}), "t_max");
+        refused(json!({"t_min": 5, "t_max": -3}), "t_max");
+        refused(json!({"t_min": 5, "t_max": 3}), "t_min");
+        refused(json!({"t_min": -1, "t_max": 0.8}), "t_min");
+        refused(json!({"t_max": 1e300}), "t_max");
+        refused(
+            json!({"linear_temperature_schedule_config": {"t_min": 0.0, "t_max": 0.0}}),
+            "t_max",
+        );
+        // A zero floor is fine: every step's temperature is above it.
+        let s = GenerationSettings::resolve(Some(&json!({"t_min": 0, "t_max": 0.5}))).unwrap();
+        assert_eq!((s.t_min, s.t_max), (0.0, 0.5));
+    }
+
+    #[test]
+    fn entropy_bound_and_steps_are_checked() {
+        let bound = |b: Value| json!({"sampler_config": {"entropy_bound": b}});
+        refused(bound(json!(-1)), "entropy_bound");
+        refused(bound(json!(0)), "entropy_bound");
+        refused(bound(json!("x")), "entropy_bound");
+        refused(json!({"max_denoising_steps": -4}), "max_denoising_steps");
+        refused(json!({"max_denoising_steps": 2.5}), "max_denoising_steps");
+        refused(
+            json!({"max_denoising_steps": MAX_DENOISING_STEPS + 1}),
+            "max_denoising_steps",
+        );
+        // The reference's `or 48`.
+        for v in [json!(0), json!(null)] {
+            let s = GenerationSettings::resolve(Some(&json!({"max_denoising_steps": v}))).unwrap();
+            assert_eq!(s.steps, 48);
+        }
+    }
+
+    #[test]
+    fn settings_built_by_hand_go_through_the_same_checks() {
+        let ok = GenerationSettings::default();
+        ok.validate().unwrap();
+        let cases: [(&str, GenerationSettings); 5] = [
+            (
+                "steps",
+                GenerationSettings {
+                    steps: 0,
+                    ..ok.clone()
+                },
+            ),
+            (
+                "entropy_bound",
+                GenerationSettings {
+                    entropy_bound: f64::NAN,
+                    ..ok.clone()
+                },
+            ),
+            (
+                "t_max",
+                GenerationSettings {
+                    t_min: 0.0,
+                    t_max: 0.0,
+                    ..ok.clone()
+                },
+            ),
+            (
+                "stability_threshold",
+                GenerationSettings {
+                    stop: Some((usize::MAX, 0.005)),
+                    ..ok.clone()
+                },
+            ),
+            (
+                "confidence_threshold",
+                GenerationSettings {
+                    stop: Some((1, f64::INFINITY)),
+                    ..ok.clone()
+                },
+            ),
+        ];
+        for (field, s) in cases {
+            match s.validate() {
+                Err(EngineError::InvalidArgument { name, .. }) => assert_eq!(name, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
     }
 }
