@@ -9,13 +9,17 @@
 //! Without `--model` it writes a small random-weight checkpoint to a temporary directory and
 //! uses that, so the command works anywhere; its output is noise.
 
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use dg_engine::{Defaults, DiffusionGemma, Event, Generation, Image, Message, Request, Sampler};
+use dg_engine::{
+    Defaults, DiffusionGemma, Event, FinishReason, Generation, Image, Message, Request, Sampler,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -25,26 +29,40 @@ enum SamplerArg {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "Generate text with DiffusionGemma (block diffusion, MoE) in pure Rust")]
+#[command(
+    version,
+    about = "Generate text with DiffusionGemma (block diffusion, MoE) in pure Rust"
+)]
 struct Args {
+    /// Prompt text, chat-templated as one user turn (see --raw); `-` reads it from stdin.
+    /// Several prompts run as one batch (each step of all of them is one forward pass).
+    #[arg(value_name = "PROMPT")]
+    prompts: Vec<String>,
     /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json, ...). Without it a
     /// small random checkpoint is written and used: its output is noise.
-    #[arg(long)]
+    #[arg(short, long)]
     model: Option<PathBuf>,
-    /// Prompt text, chat-templated as one user turn (see --raw). Repeat it to generate several
-    /// answers as one batch (each step of all of them is one forward pass).
-    #[arg(long, default_value = "Write a haiku about the sea.")]
+    /// Prompt text, as the positional PROMPT (repeatable). With neither, stdin when it is not a
+    /// terminal, else a haiku request.
+    #[arg(short, long)]
     prompt: Vec<String>,
-    /// Send --prompt as is, without the chat template.
+    /// A system message before the prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// A stop string (repeatable): the answer ends before it.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Send the prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
     /// An image to ask about (repeatable): the prompt becomes one user turn with one image
     /// placeholder per image, as the reference builds image prompts.
-    #[arg(long)]
+    #[arg(short, long)]
     image: Vec<PathBuf>,
-    /// Comma-separated prompt token ids (overrides --prompt).
+    /// Comma-separated prompt token ids (instead of a prompt).
     #[arg(long, value_delimiter = ',')]
     prompt_ids: Option<Vec<u32>>,
+    /// How each denoising step keeps canvas positions.
     #[arg(long, value_enum, default_value = "confidence-threshold")]
     sampler: SamplerArg,
     /// Confidence threshold of the confidence-threshold sampler.
@@ -53,14 +71,17 @@ struct Args {
     /// Entropy bound of the entropy-bound sampler (default: the generation config's).
     #[arg(long)]
     entropy_bound: Option<f32>,
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature (0: the argmax).
+    #[arg(short, long, default_value_t = 0.0)]
     temperature: f32,
     /// Denoising steps per block (default: the generation config's, else 48).
     #[arg(long)]
     steps: Option<usize>,
-    #[arg(long, default_value_t = 512)]
+    /// Most tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 512)]
     max_tokens: usize,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the random generator.
+    #[arg(short, long, default_value_t = 0)]
     seed: u64,
     /// Worker threads (default: physical cores).
     #[arg(long)]
@@ -68,17 +89,57 @@ struct Args {
     /// Use the reference's generation defaults (mlx-optiq ignores generation_config.json).
     #[arg(long)]
     reference_defaults: bool,
-    /// Show the canvas un-masking step by step.
+    /// Show the canvas un-masking step by step (one line, cut to the terminal's width).
     #[arg(long)]
     live: bool,
-    /// Print one JSON object (token ids, text, steps per block, finish reason, stats); one per
-    /// line for a batch.
+    /// Print one JSON object per answer (the library's Generation, tokens/s); errors as
+    /// {"error": ...}.
     #[arg(long)]
     json: bool,
 }
 
-fn main() -> Result<()> {
+impl Args {
+    /// The prompts: positional, then --prompt; `-` or none on a pipe read stdin.
+    fn prompts(&self) -> Result<Vec<String>> {
+        let mut prompts: Vec<String> = self.prompts.iter().chain(&self.prompt).cloned().collect();
+        let piped = !std::io::stdin().is_terminal();
+        if prompts.is_empty() && piped && self.prompt_ids.is_none() {
+            prompts.push("-".into());
+        }
+        for p in &mut prompts {
+            if p == "-" {
+                let mut text = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .context("reading the prompt from stdin")?;
+                *p = text.trim_end().to_string();
+            }
+        }
+        if prompts.is_empty() {
+            prompts.push("Write a haiku about the sea.".into());
+        }
+        Ok(prompts)
+    }
+}
+
+fn main() {
     let args = Args::parse();
+    let code = match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            if args.json {
+                println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            } else {
+                eprintln!("error: {e:#}");
+            }
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+/// Runs the command; returns the exit code (130 after Ctrl-C).
+fn run(args: &Args) -> Result<i32> {
     let _tmp;
     let dir = match &args.model {
         Some(dir) => dir.clone(),
@@ -118,21 +179,35 @@ fn main() -> Result<()> {
     bar.finish_and_clear();
 
     let requests: Vec<Request> = if args.prompt_ids.is_some() {
-        vec![build_request(&args, "")]
+        vec![build_request(args, "")]
     } else {
-        args.prompt
+        args.prompts()?
             .iter()
-            .map(|p| build_request(&args, p))
+            .map(|p| build_request(args, p))
             .collect()
     };
     if requests.len() > 1 {
-        return generate_batch(&model, &requests, args.json);
+        generate_batch(&model, &requests, args.json)?;
+        return Ok(0);
     }
     let request = &requests[0];
 
+    // Ctrl-C cancels through the library: the partial answer and its stats are still printed.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let interrupted = interrupted.clone();
+        ctrlc::set_handler(move || interrupted.store(true, Ordering::Relaxed))
+            .context("installing the Ctrl-C handler")?;
+    }
     let stdout = std::io::stdout();
+    let width = console::Term::stdout()
+        .size_checked()
+        .map_or(80, |(_, w)| w as usize);
     let mut live_lines = 0usize;
     let result = model.generate_stream(request, |event| {
+        if interrupted.load(Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
         if args.json {
             return ControlFlow::Continue(());
         }
@@ -151,11 +226,13 @@ fn main() -> Result<()> {
                     .zip(&revealed)
                     .map(|(&t, &r)| if r { t } else { u32::MAX })
                     .collect();
-                let text = render_draft(&model, &shown);
-                let _ = write!(
-                    out,
-                    "\r\x1b[2K[block {block} step {step}/{total_steps}] {text}"
+                let line = format!(
+                    "[block {block} step {step}/{total_steps}] {}",
+                    render_draft(&model, &shown)
                 );
+                // One terminal row: a wrapped line would leave rows that \r cannot clear.
+                let line = console::truncate_str(&line, width.saturating_sub(1), "…");
+                let _ = write!(out, "\r\x1b[2K{line}");
                 live_lines = 1;
             }
             Event::Text(delta) => {
@@ -171,13 +248,20 @@ fn main() -> Result<()> {
         ControlFlow::Continue(())
     })?;
 
+    if live_lines > 0 && !args.json {
+        print!("\r\x1b[2K");
+    }
     if args.json {
-        println!("{}", json(&result));
+        println!("{}", json(&result)?);
     } else {
         println!();
         summary(&result);
     }
-    Ok(())
+    Ok(if result.finish_reason == FinishReason::Cancelled {
+        130
+    } else {
+        0
+    })
 }
 
 /// One request from the command line's options.
@@ -192,8 +276,10 @@ fn build_request(args: &Args, prompt: &str) -> Request {
     } else if args.raw {
         Request::text(prompt)
     } else {
-        Request::chat(vec![Message::user(prompt)])
+        let system = args.system.iter().map(|s| Message::system(s.as_str()));
+        Request::chat(system.chain([Message::user(prompt)]).collect())
     };
+    request.stop = args.stop.clone();
     request.sampler = match args.sampler {
         SamplerArg::ConfidenceThreshold => Sampler::ConfidenceThreshold {
             threshold: args.threshold,
@@ -217,7 +303,7 @@ fn generate_batch(model: &DiffusionGemma, requests: &[Request], as_json: bool) -
     let results = model.generate_batch(requests)?;
     for (i, result) in results.iter().enumerate() {
         if as_json {
-            println!("{}", json(result));
+            println!("{}", json(result)?);
         } else {
             println!("--- answer {} ---\n{}", i + 1, result.text);
             summary(result);
@@ -226,14 +312,17 @@ fn generate_batch(model: &DiffusionGemma, requests: &[Request], as_json: bool) -
     Ok(())
 }
 
-fn json(result: &Generation) -> serde_json::Value {
-    serde_json::json!({
-        "token_ids": result.token_ids,
-        "text": result.text,
-        "steps_per_block": result.stats.steps_per_block,
-        "finish_reason": result.finish_reason,
-        "stats": result.stats,
-    })
+/// The library's own `Generation`, with the rates people compare.
+fn json(result: &Generation) -> Result<serde_json::Value> {
+    let mut value = serde_json::to_value(result)?;
+    let s = &result.stats;
+    value["tokens_per_second"] = serde_json::json!({
+        "prompt": s.prompt_tps(),
+        "generated": s.generation_tps(),
+        "canvas": s.canvas_tps(),
+        "work": s.work_tps(),
+    });
+    Ok(value)
 }
 
 fn summary(result: &Generation) {
