@@ -41,4 +41,4 @@ pub use prompt::{Image, PreparedPrompt};
 pub use request::{Defaults, Message, Prompt, Request, Sampler};
 pub use rng::Rng;
 pub use scheduler::{Scheduler, SchedulerOptions, SchedulerStatus, Stream, Update};
-pub use settings::GenerationSettings;
+pub use settings::{GenerationSettings, MAX_DENOISING_STEPS};

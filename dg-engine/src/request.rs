@@ -2,7 +2,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::prompt::Image;
-use crate::settings::GenerationSettings;
+use crate::settings::{GenerationSettings, MAX_DENOISING_STEPS};
 
 /// One chat message (re-exported from dg-tokenize).
 pub use dg_tokenize::Message;
@@ -220,8 +220,17 @@ impl Request {
                 format!("{} is not a finite value >= 0", self.temperature),
             );
         }
-        if self.steps == Some(0) {
-            return bad("steps", "must be at least 1".into());
+        if let Some(steps) = self
+            .steps
+            .filter(|s| !(1..=MAX_DENOISING_STEPS).contains(s))
+        {
+            return bad(
+                "steps",
+                format!("{steps} is not in 1..={MAX_DENOISING_STEPS}"),
+            );
+        }
+        if let Defaults::Custom(settings) = &self.defaults {
+            settings.validate()?;
         }
         if self.min_canvas == Some(0) {
             return bad("min_canvas", "must be at least 1".into());

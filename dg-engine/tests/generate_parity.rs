@@ -329,3 +329,17 @@ fn break_on_a_text_event_stops_delivery_at_once() {
     assert_eq!(gen.finish_reason, FinishReason::Cancelled);
     assert_eq!(Some(gen.text), first, "the result holds what was delivered");
 }
+
+#[test]
+fn custom_settings_and_steps_are_checked_like_the_checkpoint_s() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let mut settings = dg_engine::GenerationSettings::default();
+    settings.t_min = 0.0;
+    settings.t_max = 0.0;
+    let req = Request::tokens(vec![5]).defaults(dg_engine::Defaults::Custom(settings));
+    let err = model.generate(&req).unwrap_err().to_string();
+    assert!(err.contains("t_max"), "{err}");
+    let req = Request::tokens(vec![5]).steps(dg_engine::MAX_DENOISING_STEPS + 1);
+    let err = model.generate(&req).unwrap_err().to_string();
+    assert!(err.starts_with("steps: 1025 is not in 1..=1024"), "{err}");
+}
