@@ -2,7 +2,7 @@
 //!
 //! Unknown fields are ignored, as the reference's `_config_kwargs` does; missing fields take the
 //! reference's dataclass defaults. A field of the wrong type is named by its path
-//! (`text_config.hidden_size: invalid type: ...`). [`ModelConfig::validate`] then checks that
+//! (`text_config.hidden_size: invalid type: ...`). `ModelConfig::validate` then checks that
 //! every number describes a model we can build, naming the field at fault: ranges, finiteness,
 //! token ids below the vocabulary, and sizes below the `MAX_*` bounds below, checked before
 //! anything is allocated from them.

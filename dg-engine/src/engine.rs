@@ -313,7 +313,7 @@ impl DiffusionGemma {
     }
 
     /// Generates, calling `on_event` for each [`Event`]; returning `ControlFlow::Break(())`
-    /// cancels within one denoising step (the result then has [`FinishReason::Cancelled`]).
+    /// cancels within one denoising step (the result then has [`FinishReason::Cancelled`](crate::FinishReason::Cancelled)).
     pub fn generate_stream(
         &self,
         request: &Request,

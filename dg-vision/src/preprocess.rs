@@ -5,7 +5,7 @@
 //! 1. `img.convert("RGB")` ([`crate::decode`]),
 //! 2. an aspect-preserving resize so that the image has at most `max_soft_tokens * pooling^2`
 //!    patches and both sides are multiples of `pooling * patch` (48), with Pillow's BICUBIC
-//!    filter ([`crate::resize`]); an image already at its target size is not resampled,
+//!    filter (`resize.rs`); an image already at its target size is not resampled,
 //! 3. `np.asarray(img, float32) * (1 / 255)`, channel-first; no normalization,
 //! 4. `soft_tokens = (H / 16) * (W / 16) / 9`.
 //!
@@ -19,6 +19,10 @@ use half::bf16;
 use crate::decode::{decode_rgb8, DecodeLimits, ExifOrientation, RgbImage};
 use crate::error::{Result, VisionError};
 use crate::resize::resize_bicubic_rgb8;
+
+/// Most pixels an [`ImageProcessor`]'s resize target may have, `max_soft_tokens *
+/// pooling_kernel_size^2 * patch_size^2` (the reference's: 645,120); 805 MB of RGB.
+pub const MAX_TARGET_PIXELS: usize = 1 << 28;
 
 /// `RESCALE_FACTOR = 1 / 255` as numpy applies it to a float32 array (rounded to f32).
 pub const RESCALE_FACTOR: f32 = (1.0f64 / 255.0) as f32;
@@ -110,12 +114,31 @@ impl ImageProcessor {
                 });
             }
         }
+        // The resize target's pixel budget, `max_patches * patch^2`, bounds every size below
+        // (and what the resize allocates); checked, as the fields are public.
+        let pixels = [self.pooling_kernel_size, self.pooling_kernel_size]
+            .into_iter()
+            .chain([self.patch_size, self.patch_size])
+            .try_fold(self.max_soft_tokens, usize::checked_mul);
+        if pixels.is_none_or(|n| n > MAX_TARGET_PIXELS) {
+            return Err(VisionError::InvalidOption {
+                option: "max_soft_tokens / pooling_kernel_size / patch_size",
+                message: format!(
+                    "max_soft_tokens {} x pooling_kernel_size {}^2 x patch_size {}^2 is over \
+                     {MAX_TARGET_PIXELS} pixels",
+                    self.max_soft_tokens, self.pooling_kernel_size, self.patch_size
+                ),
+            });
+        }
         Ok(())
     }
 
-    /// Most patches an image may have: `max_soft_tokens * pooling^2` (2520).
+    /// Most patches an image may have: `max_soft_tokens * pooling^2` (2520); saturates at
+    /// `usize::MAX` for options that [`ImageProcessor::prepare`] refuses.
     pub fn max_patches(&self) -> usize {
-        self.max_soft_tokens * self.pooling_kernel_size * self.pooling_kernel_size
+        self.max_soft_tokens
+            .saturating_mul(self.pooling_kernel_size)
+            .saturating_mul(self.pooling_kernel_size)
     }
 
     /// The resize target `(height, width)` for an image of `height x width`, exactly as
@@ -144,12 +167,17 @@ impl ImageProcessor {
             });
         }
         let max_side = (max_patches / (self.pooling_kernel_size * self.pooling_kernel_size)) * side;
+        // Saturating: a 1 x 2^60 image has a ratio whose multiple overflows (capped anyway).
         if th == 0 {
             th = side;
-            tw = ((width as f64 / height as f64).floor() as usize * side).min(max_side);
+            tw = ((width as f64 / height as f64).floor() as usize)
+                .saturating_mul(side)
+                .min(max_side);
         } else if tw == 0 {
             tw = side;
-            th = ((height as f64 / width as f64).floor() as usize * side).min(max_side);
+            th = ((height as f64 / width as f64).floor() as usize)
+                .saturating_mul(side)
+                .min(max_side);
         }
         Ok((th, tw))
     }
