@@ -270,3 +270,42 @@ fn sidecar_named_by_the_index_but_missing_is_refused() {
     std::fs::remove_file(dir.join(SIDECAR)).unwrap();
     index_refused(&dir, "optiq/optiq_vision.safetensors, which is missing");
 }
+
+/// Paths that are not checkpoint directories say what they are and what to do.
+#[test]
+fn wrong_paths_say_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let load = |path: &std::path::Path| {
+        dg_engine::DiffusionGemma::load(path)
+            .unwrap_err()
+            .to_string()
+    };
+    let err = load(&tmp.path().join("missing"));
+    assert!(err.ends_with("missing: no such directory"), "{err}");
+    let err = load(std::path::Path::new("mlx-community/some-model"));
+    assert!(
+        err.contains("looks like a Hugging Face model id") && err.contains("hf download"),
+        "{err}"
+    );
+    let gguf = tmp.path().join("model.gguf");
+    std::fs::write(&gguf, b"GGUF").unwrap();
+    let err = load(&gguf);
+    assert!(
+        err.contains("a GGUF file") && err.contains("MLX safetensors"),
+        "{err}"
+    );
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny");
+    let config = std::fs::read_to_string(fixture.join("config.json")).unwrap();
+    std::fs::write(
+        other.join("config.json"),
+        config.replace("\"diffusion_gemma\"", "\"gemma3\""),
+    )
+    .unwrap();
+    let err = load(&other);
+    assert!(
+        err.contains("model_type") && err.contains("gemma3"),
+        "{err}"
+    );
+}

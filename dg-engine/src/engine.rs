@@ -53,6 +53,7 @@ impl<'a> LoadBuilder<'a> {
     /// Loads the checkpoint.
     pub fn load(self) -> Result<DiffusionGemma> {
         let dir = self.dir;
+        check_checkpoint_dir(&dir)?;
         if self.max_context == 0 {
             return Err(EngineError::InvalidArgument {
                 name: "max_context",
@@ -106,6 +107,42 @@ impl<'a> LoadBuilder<'a> {
             max_context: self.max_context,
         })
     }
+}
+
+/// A clear error, saying what to do, for a path that is not a checkpoint directory.
+fn check_checkpoint_dir(dir: &Path) -> Result<()> {
+    let fail = |reason: String| {
+        Err(EngineError::File {
+            path: dir.to_path_buf(),
+            reason,
+        })
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let layout = "dg loads a diffusion_gemma checkpoint directory in MLX safetensors form \
+                  (the layout of mlx-community/diffusiongemma-26B-A4B-it-OptiQ-4bit)";
+    if dir.is_file() {
+        let gguf = dir
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        return fail(match gguf {
+            true => format!("a GGUF file: {layout}"),
+            false => format!("a file, not a directory: {layout}"),
+        });
+    }
+    let text = dir.to_string_lossy();
+    let parts: Vec<&str> = text.split('/').collect();
+    let hub_id = parts.len() == 2
+        && parts.iter().all(|p| !p.is_empty() && !p.starts_with('.'))
+        && !text.starts_with('/');
+    fail(match hub_id {
+        true => format!(
+            "no such directory; it looks like a Hugging Face model id: download it first \
+             (e.g. `hf download {text} --local-dir DIR`) and pass that directory"
+        ),
+        false => "no such directory".to_string(),
+    })
 }
 
 /// Whether the checkpoint ships a chat template (`chat_template.jinja` or a `chat_template`

@@ -33,7 +33,9 @@ mod scheduler;
 mod settings;
 mod stop;
 
-pub use dg_core::{KvCache, SelfConditioning};
+pub use dg_core::{CoreError, KvCache, SelfConditioning};
+pub use dg_tokenize::{Content, ContentPart, Tokenizer};
+pub use dg_vision::VisionError;
 pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
 pub use error::EngineError;
 pub use output::{Event, FinishReason, Generation, Stats};
