@@ -333,9 +333,11 @@ fn break_on_a_text_event_stops_delivery_at_once() {
 #[test]
 fn custom_settings_and_steps_are_checked_like_the_checkpoint_s() {
     let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
-    let mut settings = dg_engine::GenerationSettings::default();
-    settings.t_min = 0.0;
-    settings.t_max = 0.0;
+    let settings = dg_engine::GenerationSettings {
+        t_min: 0.0,
+        t_max: 0.0,
+        ..Default::default()
+    };
     let req = Request::tokens(vec![5]).defaults(dg_engine::Defaults::Custom(settings));
     let err = model.generate(&req).unwrap_err().to_string();
     assert!(err.contains("t_max"), "{err}");
