@@ -11,7 +11,7 @@ use crate::batch::{self, Job, OnEvent};
 use crate::error::{EngineError, Result};
 use crate::output::{Event, Generation};
 use crate::prompt::{attach_images, PreparedPrompt};
-use crate::request::{Defaults, Prompt, Request};
+use crate::request::{ChatOptions, Defaults, Prompt, Request};
 use crate::settings::GenerationSettings;
 
 /// Load progress: layers done and total. Return `false` to cancel loading.
@@ -243,6 +243,12 @@ impl DiffusionGemma {
 
     /// The prompt's token ids as the request describes them.
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        self.prompt_ids_with(prompt, &ChatOptions::default())
+    }
+
+    /// [`prompt_ids`](Self::prompt_ids) with chat-template options (tools, thinking, extra
+    /// variables) for a chat prompt.
+    pub fn prompt_ids_with(&self, prompt: &Prompt, chat: &ChatOptions) -> Result<Vec<u32>> {
         let ids = match prompt {
             Prompt::Tokens(ids) => ids.clone(),
             // The reference encodes raw text with `add_special_tokens=True`.
@@ -260,7 +266,9 @@ impl DiffusionGemma {
                         })?;
                 let options = RenderOptions {
                     add_generation_prompt: true,
-                    ..RenderOptions::default()
+                    enable_thinking: chat.enable_thinking,
+                    tools: chat.tools.clone(),
+                    extra: chat.vars.clone(),
                 };
                 let text = template.render(messages, &options)?;
                 self.tokenizer.encode(&text, false)?
@@ -305,7 +313,7 @@ impl DiffusionGemma {
     /// The encoder input of a request: prompt ids with image placeholders expanded, token
     /// types and image features.
     pub fn prepare_prompt(&self, request: &Request) -> Result<PreparedPrompt> {
-        let ids = self.prompt_ids(&request.prompt)?;
+        let ids = self.prompt_ids_with(&request.prompt, &request.chat)?;
         // Before the vision tower runs; again below with the image blocks expanded.
         self.check_context(ids.len(), request.max_tokens)?;
         let c = self.model.config();

@@ -40,7 +40,7 @@ pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
 pub use error::EngineError;
 pub use output::{Event, FinishReason, Generation, Stats};
 pub use prompt::{Image, PreparedPrompt};
-pub use request::{Defaults, Message, Prompt, Request, Sampler};
+pub use request::{ChatOptions, Defaults, Message, Prompt, Request, Sampler};
 pub use rng::Rng;
 pub use scheduler::{Scheduler, SchedulerOptions, SchedulerStatus, Stream, Update};
 pub use settings::{GenerationSettings, MAX_DENOISING_STEPS};

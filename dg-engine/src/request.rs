@@ -43,6 +43,18 @@ impl Default for Sampler {
     }
 }
 
+/// Chat-template options: what `apply_chat_template` takes besides the messages.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ChatOptions {
+    /// Tool declarations (JSON schemas, OpenAI's `{"type": "function", "function": ...}`).
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `enable_thinking`; `None` leaves it undefined (the template's default).
+    pub enable_thinking: Option<bool>,
+    /// Other template variables.
+    pub vars: serde_json::Map<String, serde_json::Value>,
+}
+
 /// Where generation defaults (steps, schedule, entropy bound, stop rule, extra EOS ids) come
 /// from when a request leaves them unset.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -101,6 +113,8 @@ pub struct Request {
     /// Stop strings: generation ends when the text contains one; the text is cut before it.
     /// Text is held back while it could still begin one, also across blocks.
     pub stop: Vec<String>,
+    /// Chat-template options of a chat prompt.
+    pub chat: ChatOptions,
 }
 
 impl Request {
@@ -118,6 +132,7 @@ impl Request {
             defaults: Defaults::default(),
             images: Vec::new(),
             stop: Vec::new(),
+            chat: ChatOptions::default(),
         }
     }
 
@@ -204,6 +219,24 @@ impl Request {
     /// Sets the [`stop`](Self::stop) strings.
     pub fn stop<S: Into<String>>(mut self, stop: impl IntoIterator<Item = S>) -> Self {
         self.stop = stop.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Declares tools to the chat template.
+    pub fn tools(mut self, tools: Vec<serde_json::Value>) -> Self {
+        self.chat.tools = Some(tools);
+        self
+    }
+
+    /// Turns the template's thinking on or off (`enable_thinking`).
+    pub fn thinking(mut self, on: bool) -> Self {
+        self.chat.enable_thinking = Some(on);
+        self
+    }
+
+    /// Sets another chat-template variable.
+    pub fn template_var(mut self, name: impl Into<String>, value: serde_json::Value) -> Self {
+        self.chat.vars.insert(name.into(), value);
         self
     }
 
