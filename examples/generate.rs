@@ -92,6 +92,10 @@ struct Args {
     /// Show the canvas un-masking step by step (one line, cut to the terminal's width).
     #[arg(long)]
     live: bool,
+    /// Multi-turn chat: each line of stdin is a user turn (the answers join the conversation);
+    /// an empty line or end of input ends it.
+    #[arg(long, conflicts_with_all = ["prompts", "prompt", "prompt_ids", "raw"])]
+    chat: bool,
     /// Print one JSON object per answer (the library's Generation, tokens/s); errors as
     /// {"error": ...}.
     #[arg(long)]
@@ -103,7 +107,7 @@ impl Args {
     fn prompts(&self) -> Result<Vec<String>> {
         let mut prompts: Vec<String> = self.prompts.iter().chain(&self.prompt).cloned().collect();
         let piped = !std::io::stdin().is_terminal();
-        if prompts.is_empty() && piped && self.prompt_ids.is_none() {
+        if prompts.is_empty() && piped && self.prompt_ids.is_none() && !self.chat {
             prompts.push("-".into());
         }
         for p in &mut prompts {
@@ -190,8 +194,6 @@ fn run(args: &Args) -> Result<i32> {
         generate_batch(&model, &requests, args.json)?;
         return Ok(0);
     }
-    let request = &requests[0];
-
     // Ctrl-C cancels through the library: the partial answer and its stats are still printed.
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -199,6 +201,49 @@ fn run(args: &Args) -> Result<i32> {
         ctrlc::set_handler(move || interrupted.store(true, Ordering::Relaxed))
             .context("installing the Ctrl-C handler")?;
     }
+    if args.chat {
+        return chat(&model, args, &interrupted);
+    }
+    let result = stream_answer(&model, &requests[0], args, &interrupted)?;
+    Ok(if result.finish_reason == FinishReason::Cancelled {
+        130
+    } else {
+        0
+    })
+}
+
+/// Multi-turn chat on stdin: each line is a user turn; Ctrl-C cancels the answer being
+/// written, an empty line or end of input ends the chat.
+fn chat(model: &DiffusionGemma, args: &Args, interrupted: &AtomicBool) -> Result<i32> {
+    let mut messages: Vec<Message> = args
+        .system
+        .iter()
+        .map(|s| Message::system(s.as_str()))
+        .collect();
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(0);
+        }
+        messages.push(Message::user(line.trim_end()));
+        let mut request = build_request(args, "");
+        request.prompt = dg_engine::Prompt::Chat(messages.clone());
+        interrupted.store(false, Ordering::Relaxed);
+        let answer = stream_answer(model, &request, args, interrupted)?;
+        messages.push(Message::assistant(answer.text));
+    }
+}
+
+/// Generates one answer, streaming its text (and with --live the canvas) to stdout, then
+/// prints it as JSON or its stats.
+fn stream_answer(
+    model: &DiffusionGemma,
+    request: &Request,
+    args: &Args,
+    interrupted: &AtomicBool,
+) -> Result<Generation> {
     let stdout = std::io::stdout();
     let width = console::Term::stdout()
         .size_checked()
@@ -228,7 +273,7 @@ fn run(args: &Args) -> Result<i32> {
                     .collect();
                 let line = format!(
                     "[block {block} step {step}/{total_steps}] {}",
-                    render_draft(&model, &shown)
+                    render_draft(model, &shown)
                 );
                 // One terminal row: a wrapped line would leave rows that \r cannot clear.
                 let line = console::truncate_str(&line, width.saturating_sub(1), "…");
@@ -257,11 +302,7 @@ fn run(args: &Args) -> Result<i32> {
         println!();
         summary(&result);
     }
-    Ok(if result.finish_reason == FinishReason::Cancelled {
-        130
-    } else {
-        0
-    })
+    Ok(result)
 }
 
 /// One request from the command line's options.
