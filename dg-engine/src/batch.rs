@@ -68,6 +68,7 @@ impl Job {
                 t_min: settings.t_min,
                 t_max: settings.t_max,
                 stop: settings.stop,
+                logprobs: request.logprobs,
             },
             max_tokens: request.max_tokens,
             full_canvas: request.full_canvas,
@@ -110,6 +111,7 @@ struct Sequence {
     stop_sequence: Option<String>,
     text: String,
     tokens: Vec<u32>,
+    logprobs: Vec<f32>,
     block: usize,
     phase: Phase,
     finish: FinishReason,
@@ -145,6 +147,7 @@ impl Sequence {
             stop_sequence: None,
             text: String::new(),
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             block: 0,
             phase: Phase::Done,
             finish: FinishReason::Length,
@@ -257,6 +260,10 @@ impl Sequence {
             }
         }
         self.tokens.extend(&committed);
+        if self.params.logprobs {
+            self.logprobs
+                .extend_from_slice(&result.logprobs[..committed.len()]);
+        }
         if !self.cancelled {
             let event = Event::BlockEnd {
                 block: self.block,
@@ -294,6 +301,7 @@ impl Sequence {
                 self.finish
             },
             stop_sequence: self.stop_sequence,
+            logprobs: self.params.logprobs.then_some(self.logprobs),
             stats: self.stats,
         })
     }

@@ -26,12 +26,16 @@ pub(crate) struct BlockParams {
     pub t_min: f64,
     pub t_max: f64,
     pub stop: Option<(usize, f64)>,
+    /// Compute the log-probability of each emitted token.
+    pub logprobs: bool,
 }
 
 /// A finished block: the emitted tokens (argmax of the last logits) and the steps it took.
 pub(crate) struct BlockResult {
     pub tokens: Vec<u32>,
     pub steps: usize,
+    /// Log-probability of each token under the last tempered logits (when asked for).
+    pub logprobs: Vec<f32>,
 }
 
 /// What one denoising step leaves to its driver.
@@ -128,11 +132,17 @@ impl BlockState {
         self.self_conditioning = Some(embeddings);
     }
 
-    fn result(&self) -> BlockResult {
-        BlockResult {
+    /// The block as it ends: the argmax of `logits`, the last (tempered) logits.
+    fn result(&self, logits: &[f32]) -> Result<BlockResult> {
+        let logprobs = match self.params.logprobs {
+            true => sampler::token_logprobs(logits, self.vocab, &self.argmax)?,
+            false => Vec::new(),
+        };
+        Ok(BlockResult {
             tokens: to_ids(&self.argmax),
             steps: self.steps_taken,
-        }
+            logprobs,
+        })
     }
 
     /// Consumes the logits of one decoder pass over [`BlockState::canvas`]: tempered logits,
@@ -145,7 +155,7 @@ impl BlockState {
         sampler::apply_temperature(&mut logits, t);
         self.argmax = sampler::argmax_canvas(&logits, vocab)?;
         if cur_step == 1 {
-            return Ok(Step::Last(self.result()));
+            return Ok(Step::Last(self.result(&logits)?));
         }
         self.cur_step -= 1;
         let denoiser = if p.temperature <= 0.0 {
@@ -190,11 +200,11 @@ impl BlockState {
         };
 
         if probs.is_none() && self.revealed.iter().all(|&r| r) {
-            return Ok(Step::Stopped(self.result()));
+            return Ok(Step::Stopped(self.result(&logits)?));
         }
         if let Some(stop) = self.stability.as_mut() {
             if stop.check(&self.argmax, &logits, vocab)? {
-                return Ok(Step::Stopped(self.result()));
+                return Ok(Step::Stopped(self.result(&logits)?));
             }
         }
         let probs = match probs {

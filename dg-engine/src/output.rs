@@ -112,5 +112,9 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     /// The stop string that ended generation (it and what followed it are not in `text`).
     pub stop_sequence: Option<String>,
+    /// With [`Request::logprobs`](crate::Request::logprobs): the natural-log probability of each
+    /// token of `token_ids` under the logits it was taken from (the block's last step, divided
+    /// by that step's schedule temperature, soft-capped), i.e. how sure the model was.
+    pub logprobs: Option<Vec<f32>>,
     pub stats: Stats,
 }

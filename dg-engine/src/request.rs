@@ -115,6 +115,8 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Chat-template options of a chat prompt.
     pub chat: ChatOptions,
+    /// Report the log-probability of each generated token ([`Generation::logprobs`](crate::Generation::logprobs)).
+    pub logprobs: bool,
 }
 
 impl Request {
@@ -133,6 +135,7 @@ impl Request {
             images: Vec::new(),
             stop: Vec::new(),
             chat: ChatOptions::default(),
+            logprobs: false,
         }
     }
 
@@ -219,6 +222,12 @@ impl Request {
     /// Sets the [`stop`](Self::stop) strings.
     pub fn stop<S: Into<String>>(mut self, stop: impl IntoIterator<Item = S>) -> Self {
         self.stop = stop.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Asks for the log-probability of each generated token.
+    pub fn logprobs(mut self, on: bool) -> Self {
+        self.logprobs = on;
         self
     }
 

@@ -182,6 +182,27 @@ pub fn logsumexp_rows(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
         .collect())
 }
 
+/// Per row, `logits[token] - logsumexp(logits)`: the log-probability of `tokens` (dg's own,
+/// for reporting; the reference reports none).
+pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
+    let rows = rows_of(logits, vocab, "logits")?;
+    same_len(tokens.len(), rows, "tokens")?;
+    logits
+        .chunks_exact(vocab)
+        .zip(tokens)
+        .map(|(row, &t)| {
+            let x = usize::try_from(t)
+                .ok()
+                .and_then(|t| row.get(t))
+                .ok_or_else(|| EngineError::InvalidArgument {
+                    name: "tokens",
+                    reason: format!("token {t} is outside the vocabulary of {vocab}"),
+                })?;
+            Ok(x - mlx_math::logsumexp(row))
+        })
+        .collect()
+}
+
 /// `_diffusion_token_probability` (diffusion.py 233-243): per row,
 /// `exp(logits[token] - logsumexp(logits))` with MLX's exp: the confidence of `tokens`.
 pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
@@ -533,5 +554,22 @@ mod tests {
         assert!(!stop.check(&[1, 1], &logits, 2).unwrap());
         let mut zero = StabilityStop::new(0, 0.005);
         assert!(zero.check(&[0, 1], &logits, 2).unwrap());
+    }
+}
+
+#[cfg(test)]
+mod logprob_tests {
+    use super::*;
+
+    #[test]
+    fn token_logprobs_are_log_softmax_at_the_token() {
+        let logits = [1.0f32, 2.0, 3.0, -1.0, 0.5, 0.25];
+        let got = token_logprobs(&logits, 3, &[2, 0]).unwrap();
+        for (row, (&t, g)) in logits.chunks(3).zip([2usize, 0].iter().zip(&got)) {
+            let lse = row.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+            assert!((*g as f64 - (row[t] as f64 - lse)).abs() < 1e-6, "{g}");
+        }
+        assert!(token_logprobs(&logits, 3, &[3, 0]).is_err());
+        assert!(token_logprobs(&logits, 3, &[0]).is_err());
     }
 }

@@ -114,6 +114,7 @@ impl Route {
             token_ids: Vec::new(),
             finish_reason: FinishReason::Cancelled,
             stop_sequence: None,
+            logprobs: None,
             stats: Stats {
                 prompt_tokens: self.prompt_tokens,
                 ..Stats::default()

@@ -90,3 +90,25 @@ fn an_absent_stop_string_changes_nothing_and_held_text_is_released_at_the_end() 
     assert_eq!(generation.finish_reason, full.finish_reason);
     assert_eq!(generation.stop_sequence, None);
 }
+
+#[test]
+fn logprobs_come_with_each_token_and_change_nothing_else() {
+    let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();
+    let mut checked = 0;
+    for case in goldens().iter().take(6) {
+        let request = golden_request(case);
+        let plain = model.generate(&request).unwrap();
+        assert_eq!(plain.logprobs, None);
+        let with = model.generate(&request.clone().logprobs(true)).unwrap();
+        assert_eq!(with.token_ids, plain.token_ids);
+        assert_eq!(with.text, plain.text);
+        let logprobs = with.logprobs.expect("asked for");
+        assert_eq!(logprobs.len(), with.token_ids.len());
+        assert!(
+            logprobs.iter().all(|&l| l <= 0.0 && l.is_finite()),
+            "{logprobs:?}"
+        );
+        checked += logprobs.len();
+    }
+    assert!(checked > 50);
+}
