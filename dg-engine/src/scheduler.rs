@@ -473,6 +473,33 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// Runs `request` alone on a new thread (see [`DiffusionGemma::stream`]).
+    pub(crate) fn spawn(model: Arc<DiffusionGemma>, request: Request) -> Result<Stream> {
+        request.validate()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let route = Route {
+            tx,
+            cancel: cancel.clone(),
+            tokens: 0,
+            prompt_tokens: 0,
+        };
+        std::thread::Builder::new()
+            .name("dg-generate".into())
+            .spawn(move || {
+                let result = model.generate_stream(&request, |e| route.send(Update::Event(e)));
+                let _ = route.tx.send(match result {
+                    Ok(generation) => Update::Done(generation),
+                    Err(e) => Update::Failed(e),
+                });
+            })
+            .map_err(|e| EngineError::InvalidArgument {
+                name: "stream",
+                reason: format!("cannot start a generation thread: {e}"),
+            })?;
+        Ok(Stream { key: 0, rx, cancel })
+    }
+
     /// The request's number, unique within its scheduler (in submission order).
     pub fn id(&self) -> usize {
         self.key

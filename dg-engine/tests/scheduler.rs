@@ -276,3 +276,24 @@ fn shutdown_ends_running_and_queued_requests_and_refuses_new_ones() {
     ));
     scheduler.shutdown();
 }
+
+#[test]
+fn a_model_streams_one_request_as_an_iterator() {
+    let model = tiny();
+    let request = golden_request(&goldens()[0]);
+    let alone = model.generate(&request).unwrap();
+    let (generation, text) = drain(model.stream(request.clone()).unwrap());
+    assert_eq!(generation.token_ids, alone.token_ids);
+    assert_eq!(text, alone.text);
+    // Dropped after its first draft: the thread stops within a step (the model is free again).
+    let mut stream = model.stream(long_request()).unwrap();
+    next_draft(&mut stream);
+    drop(stream);
+    assert_eq!(model.generate(&request).unwrap().token_ids, alone.token_ids);
+    // Invalid requests are refused at once; bad prompts arrive as a failure.
+    assert!(model
+        .stream(Request::tokens(vec![5]).max_tokens(0))
+        .is_err());
+    let mut bad = model.stream(Request::tokens(vec![100_000])).unwrap();
+    assert!(matches!(bad.blocking_recv(), Some(Update::Failed(_))));
+}
