@@ -34,8 +34,11 @@ use crate::{kernels, QMatrix, QuantError, QuantSpec};
 /// Output of `quantize`: MLX's `(weight, scales, biases)` with bf16 scales and biases.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Quantized {
+    /// Packed codes, `u32 [rows, cols * bits / 32]` (MLX's `weight`).
     pub packed: Vec<u32>,
+    /// One scale per group, `[rows, cols / group_size]`.
     pub scales: Vec<bf16>,
+    /// One bias per group, `[rows, cols / group_size]`.
     pub biases: Vec<bf16>,
 }
 
@@ -54,8 +57,11 @@ impl Quantized {
 /// Output of `quantize_f32`: MLX's `(weight, scales, biases)` for a float32 input array.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedF32 {
+    /// Packed codes, `u32 [rows, cols * bits / 32]` (MLX's `weight`).
     pub packed: Vec<u32>,
+    /// One scale per group, `[rows, cols / group_size]`.
     pub scales: Vec<f32>,
+    /// One bias per group, `[rows, cols / group_size]`.
     pub biases: Vec<f32>,
 }
 

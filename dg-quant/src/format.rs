@@ -15,7 +15,9 @@ use crate::QuantError;
 /// Width and group size of an MLX affine quantization.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantSpec {
+    /// Bits per element: 2, 3, 4, 5, 6 or 8.
     pub bits: u32,
+    /// Consecutive elements of a row sharing one scale and bias: 32, 64 or 128.
     pub group_size: usize,
 }
 
@@ -81,11 +83,17 @@ pub(crate) fn check_len(
 /// A borrowed row-major quantized matrix `W [rows = out, cols = in]`, packed as MLX does.
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
+    /// Packed codes, `u32 [rows, cols * bits / 32]`.
     pub packed: &'a [u32],
+    /// Per-group scales, `[rows, cols / group_size]`.
     pub scales: &'a [bf16],
+    /// Per-group biases, `[rows, cols / group_size]`.
     pub biases: &'a [bf16],
+    /// Output features (rows of `W`).
     pub rows: usize,
+    /// Input features (columns of `W`), a multiple of the group size.
     pub cols: usize,
+    /// Width and group size.
     pub spec: QuantSpec,
 }
 
@@ -161,12 +169,19 @@ impl<'a> QMatrix<'a> {
 /// `experts` stacked quantized matrices `[E, rows, cols]` (MLX `SwitchLinear` layout).
 #[derive(Clone, Copy, Debug)]
 pub struct QExperts<'a> {
+    /// Packed codes, `u32 [experts, rows, cols * bits / 32]`.
     pub packed: &'a [u32],
+    /// Per-group scales, `[experts, rows, cols / group_size]`.
     pub scales: &'a [bf16],
+    /// Per-group biases, `[experts, rows, cols / group_size]`.
     pub biases: &'a [bf16],
+    /// Number of stacked matrices.
     pub experts: usize,
+    /// Output features of each expert.
     pub rows: usize,
+    /// Input features of each expert, a multiple of the group size.
     pub cols: usize,
+    /// Width and group size.
     pub spec: QuantSpec,
 }
 

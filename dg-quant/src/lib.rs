@@ -14,6 +14,8 @@
 //! whatever its row count, and the tiles of `x @ W`; a scalar reference everywhere else;
 //! `DG_QUANT_FORCE_AVX2=1` / `DG_QUANT_FORCE_SCALAR=1` cap the level for testing).
 
+#![warn(missing_docs)]
+
 pub use half::bf16;
 
 mod affine;
