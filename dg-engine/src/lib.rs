@@ -19,6 +19,8 @@
 //! - [`sampler`]: the reference's per-step sampling math as pure functions.
 //! - [`mlx_math`]: the MLX CPU kernels (fast `exp`, reductions) those two reproduce.
 
+#![warn(missing_docs)]
+
 mod batch;
 mod canvas;
 mod engine;
@@ -34,6 +36,19 @@ mod settings;
 mod stop;
 
 pub use dg_core::{CoreError, KvCache, SelfConditioning};
+/// Random-weight checkpoints in the exact real format (feature `synthetic`): the model runs
+/// on them end to end, its output is noise.
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// dg_engine::synthetic::write_checkpoint(dir.path(), &Default::default())?;
+/// let model = dg_engine::DiffusionGemma::load(dir.path())?;
+/// let answer = model.generate(&dg_engine::Request::text("Hello").max_tokens(8))?;
+/// assert!(answer.stats.generated_tokens <= 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "synthetic")]
+pub use dg_core::synthetic;
 pub use dg_tokenize::{Content, ContentPart, Tokenizer};
 pub use dg_vision::VisionError;
 pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
