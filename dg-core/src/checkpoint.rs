@@ -24,7 +24,9 @@ pub struct TensorEntry {
     shard: usize,
     /// The name as the file stores it (before sanitizing).
     pub stored_name: String,
+    /// Element type as stored.
     pub dtype: Dtype,
+    /// Shape as stored, outermost first.
     pub shape: Vec<usize>,
     range: Range<usize>,
 }

@@ -105,29 +105,53 @@ impl TokenIds {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
 pub struct TextConfig {
+    /// Vocabulary size: rows of the (tied) embedding and width of the logits.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Hidden width of each layer's dense MLP.
     pub intermediate_size: usize,
+    /// Hidden width of each expert.
     pub moe_intermediate_size: usize,
+    /// Layers of the one stack the encoder and decoder both run.
     pub num_hidden_layers: usize,
+    /// Query heads per layer.
     pub num_attention_heads: usize,
+    /// Key/value heads of sliding-attention layers.
     pub num_key_value_heads: usize,
+    /// Key/value heads of full-attention layers; `None` = `num_key_value_heads`.
     pub num_global_key_value_heads: Option<usize>,
+    /// Head dimension of sliding-attention layers.
     pub head_dim: usize,
+    /// Head dimension of full-attention layers (0 = `head_dim`).
     pub global_head_dim: usize,
+    /// MLP activation; only `gelu_pytorch_tanh` is supported.
     pub hidden_activation: String,
+    /// Epsilon of every RMS norm.
     pub rms_norm_eps: f32,
+    /// Padding id; image tokens are embedded as this id.
     pub pad_token_id: u32,
+    /// End-of-sequence id(s) of the text config.
     pub eos_token_id: Option<TokenIds>,
+    /// Beginning-of-sequence id.
     pub bos_token_id: Option<u32>,
+    /// Whether the output head is the embedding (it always is here: `lm_head.weight` is dropped, as the reference's `sanitize` does).
     pub tie_word_embeddings: bool,
+    /// RoPE parameters keyed by layer type (`sliding_attention`, `full_attention`); see [`TextConfig::rope`].
     pub rope_parameters: Option<BTreeMap<String, RopeParameters>>,
+    /// Biases on the attention projections; `true` is rejected.
     pub attention_bias: bool,
+    /// Window of sliding-attention layers, in tokens.
     pub sliding_window: usize,
+    /// Attention type of each layer; `None` = the default pattern of [`TextConfig::layer_types`].
     pub layer_types: Option<Vec<LayerType>>,
+    /// Logit soft cap `cap * tanh(logits / cap)`; `None` or 0 = off.
     pub final_logit_softcapping: Option<f32>,
+    /// The reference's `use_bidirectional_attention` (`"vision"`), kept as read.
     pub use_bidirectional_attention: Option<String>,
+    /// Experts per MoE layer.
     pub num_experts: usize,
+    /// Experts each token is routed to.
     pub top_k_experts: usize,
 }
 
@@ -234,7 +258,9 @@ impl TextConfig {
 /// One entry of the `quantization` table: the default or a per-module override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantEntry {
+    /// Bits per weight.
     pub bits: u32,
+    /// Elements per scale/bias group.
     pub group_size: usize,
 }
 
@@ -242,8 +268,11 @@ pub struct QuantEntry {
 /// the module unquantized).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct QuantizationConfig {
+    /// The top-level `bits` / `group_size`, if any.
     pub default: Option<QuantEntry>,
+    /// Quantization mode; only `affine` is supported.
     pub mode: String,
+    /// Per-module overrides by weight path; `None` = unquantized.
     pub modules: BTreeMap<String, Option<QuantEntry>>,
 }
 
@@ -333,18 +362,27 @@ impl QuantizationConfig {
 /// The whole `config.json` of a `diffusion_gemma` checkpoint.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
+    /// `model_type` (`diffusion_gemma`).
     pub model_type: String,
+    /// The text backbone (`text_config`).
     pub text: TextConfig,
     /// The vision tower's raw config (parsed by dg-vision), if the checkpoint has one.
     pub vision_config: Option<serde_json::Value>,
+    /// Begin-of-image token id.
     pub boi_token_id: Option<u32>,
+    /// End-of-image token id.
     pub eoi_token_id: Option<u32>,
+    /// Image placeholder token id (one per soft token of an image).
     pub image_token_id: Option<u32>,
+    /// Tokens per denoising block (the decoder's canvas).
     pub canvas_length: usize,
+    /// Top-level end-of-sequence id(s); see [`ModelConfig::eos_ids`].
     pub eos_token_id: Option<TokenIds>,
+    /// The `quantization` block; `None` = unquantized weights.
     pub quantization: Option<QuantizationConfig>,
     /// `generation_config` embedded in config.json (the reference honours only this one).
     pub generation_config: Option<serde_json::Value>,
+    /// Image tokens per image (`vision_soft_tokens_per_image`), if set.
     pub vision_soft_tokens_per_image: Option<usize>,
 }
 

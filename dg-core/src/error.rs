@@ -9,24 +9,44 @@ pub enum CoreError {
     /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// `config.json` is malformed or describes an unsupported model.
     #[error("{path}: {reason}")]
-    Config { path: PathBuf, reason: String },
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong, naming the field.
+        reason: String,
+    },
     /// A safetensors file is malformed or truncated.
     #[error("{path}: {reason}")]
-    Checkpoint { path: PathBuf, reason: String },
+    Checkpoint {
+        /// The safetensors file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The checkpoint lacks a tensor the model needs.
     #[error("missing tensor {name} (looked in {dir})")]
-    MissingTensor { name: String, dir: PathBuf },
+    MissingTensor {
+        /// The tensor's (sanitized) name.
+        name: String,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
     /// A tensor has the wrong shape or dtype.
     #[error("tensor {name} in {path}: {reason}")]
     BadTensor {
+        /// The tensor's name.
         name: String,
+        /// The shard that holds it.
         path: PathBuf,
+        /// What is wrong (expected and found shape or dtype).
         reason: String,
     },
     /// An input is out of range (token id, length, ...).
@@ -35,7 +55,9 @@ pub enum CoreError {
     /// A quantized kernel rejected its operands.
     #[error("quantized op on {name}: {source}")]
     Quant {
+        /// The weight the operation used.
         name: String,
+        /// The kernel's error.
         #[source]
         source: dg_quant::QuantError,
     },

@@ -4,6 +4,8 @@
 //! - [`checkpoint`]: memory-mapped safetensors shards, sanitized names, typed errors.
 //! - [`model`]: the encoder/decoder backbone ([`TextModel`]) and its [`KvCache`].
 
+#![warn(missing_docs)]
+
 pub mod checkpoint;
 pub mod config;
 pub mod error;

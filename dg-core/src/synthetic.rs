@@ -22,22 +22,37 @@ use crate::error::CoreError;
 /// Size and layout of a synthetic checkpoint.
 #[derive(Clone, Debug)]
 pub struct SyntheticSpec {
+    /// `text_config.vocab_size`.
     pub vocab_size: usize,
+    /// `text_config.hidden_size`.
     pub hidden_size: usize,
+    /// `text_config.intermediate_size` (dense MLP).
     pub intermediate_size: usize,
+    /// `text_config.moe_intermediate_size` (each expert).
     pub moe_intermediate_size: usize,
+    /// `text_config.num_hidden_layers`.
     pub num_hidden_layers: usize,
+    /// `text_config.num_attention_heads`.
     pub num_attention_heads: usize,
+    /// `text_config.num_key_value_heads` (sliding layers).
     pub num_key_value_heads: usize,
+    /// `text_config.num_global_key_value_heads` (full-attention layers).
     pub num_global_key_value_heads: usize,
+    /// `text_config.head_dim` (sliding layers).
     pub head_dim: usize,
+    /// `text_config.global_head_dim` (full-attention layers).
     pub global_head_dim: usize,
+    /// `text_config.num_experts`.
     pub num_experts: usize,
+    /// `text_config.top_k_experts`.
     pub top_k_experts: usize,
+    /// `text_config.sliding_window`, in tokens.
     pub sliding_window: usize,
+    /// `canvas_length`: tokens per denoising block.
     pub canvas_length: usize,
     /// Number of safetensors shards (1 writes `model.safetensors`).
     pub shards: usize,
+    /// Seed of the random weights.
     pub seed: u64,
 }
 

@@ -26,7 +26,9 @@ pub enum AttentionMask<'a> {
     /// `blocks` (one id per query/key position of this pass, `-1` for text) lets tokens of the
     /// same image block see each other bidirectionally.
     Causal {
+        /// Sliding window in positions (self included); `None` = unlimited (full-attention layers).
         window: Option<usize>,
+        /// Image block id per position of this pass, `-1` for text; `None` = no images.
         blocks: Option<&'a [i32]>,
     },
     /// Decoder pass: every kept key is visible.
@@ -36,17 +38,29 @@ pub enum AttentionMask<'a> {
 /// Attention weights of one layer.
 #[derive(Debug)]
 pub struct Attention {
+    /// Sliding or full attention.
     pub layer_type: LayerType,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (each shared by `heads / kv_heads` query heads).
     pub kv_heads: usize,
+    /// Dimension of each head.
     pub head_dim: usize,
+    /// Query projection `[heads * head_dim, hidden]`.
     pub q_proj: Linear,
+    /// Key projection `[kv_heads * head_dim, hidden]`.
     pub k_proj: Linear,
+    /// Value projection `[kv_heads * head_dim, hidden]`; `None` on full-attention layers (values are the keys).
     pub v_proj: Option<Linear>,
+    /// Output projection `[hidden, heads * head_dim]`.
     pub o_proj: Linear,
+    /// Per-head query RMS-norm weight `[head_dim]`.
     pub q_norm: Vec<f32>,
+    /// Per-head key RMS-norm weight `[head_dim]`.
     pub k_norm: Vec<f32>,
+    /// Epsilon of the q/k/v norms.
     pub eps: f32,
+    /// Rotary embedding of this layer type.
     pub rope: Rope,
 }
 

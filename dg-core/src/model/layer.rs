@@ -14,19 +14,33 @@ use crate::error::CoreError;
 /// Weights of one layer.
 #[derive(Debug)]
 pub struct Layer {
+    /// Self-attention.
     pub attention: Attention,
+    /// The dense GeGLU MLP.
     pub mlp: Mlp,
+    /// Routes each row to its top-k experts.
     pub router: Router,
+    /// The routed experts.
     pub experts: Experts,
+    /// RMS-norm weight `[hidden]` before attention.
     pub input_layernorm: Vec<f32>,
+    /// RMS-norm weight `[hidden]` on the attention output.
     pub post_attention_layernorm: Vec<f32>,
+    /// RMS-norm weight `[hidden]` on the dense MLP's input.
     pub pre_feedforward_layernorm: Vec<f32>,
+    /// RMS-norm weight `[hidden]` on the sum of the MLP and MoE outputs.
     pub post_feedforward_layernorm: Vec<f32>,
+    /// RMS-norm weight `[hidden]` on the dense MLP's output.
     pub post_feedforward_layernorm_1: Vec<f32>,
+    /// RMS-norm weight `[hidden]` on the experts' input.
     pub pre_feedforward_layernorm_2: Vec<f32>,
+    /// RMS-norm weight `[hidden]` on the experts' output.
     pub post_feedforward_layernorm_2: Vec<f32>,
+    /// Factor on the residual stream at the end of a decoder pass.
     pub decoder_scalar: f32,
+    /// Factor on the residual stream at the end of an encoder pass.
     pub encoder_scalar: f32,
+    /// Epsilon of every norm of the layer.
     pub eps: f32,
 }
 
@@ -34,12 +48,16 @@ pub struct Layer {
 pub enum Pass<'a, 'm> {
     /// Encoder: causal attention under each sequence's mask, appends to its cache.
     Encoder {
+        /// This layer's cache of each sequence.
         caches: &'a mut [&'m mut LayerCache],
+        /// Each sequence's attention mask.
         masks: &'a [AttentionMask<'m>],
     },
     /// Decoder: each canvas over its cache's kept prompt positions `visible`.
     Decoder {
+        /// This layer's cache of each canvas's sequence.
         caches: &'a [&'m LayerCache],
+        /// Cache positions each canvas attends to.
         visible: &'a [std::ops::Range<usize>],
     },
 }

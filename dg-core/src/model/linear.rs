@@ -49,9 +49,13 @@ pub fn resolve_storage(
 /// Packed weights, scales and biases of a quantized tensor.
 #[derive(Clone, Debug)]
 pub struct QuantizedWeights {
+    /// Packed codes, `u32 [.., rows, cols * bits / 32]`.
     pub packed: Buf<u32>,
+    /// Per-group scales, `[.., rows, cols / group_size]`.
     pub scales: Buf<bf16>,
+    /// Per-group biases, `[.., rows, cols / group_size]`.
     pub biases: Buf<bf16>,
+    /// Width and group size.
     pub spec: QuantSpec,
 }
 
@@ -94,7 +98,9 @@ impl QuantizedWeights {
 #[derive(Clone, Debug)]
 pub struct Linear {
     name: String,
+    /// Output features (rows of `W`).
     pub out_dim: usize,
+    /// Input features (columns of `W`).
     pub in_dim: usize,
     weights: Weights,
 }
@@ -240,8 +246,11 @@ impl Linear {
 #[derive(Clone, Debug)]
 pub struct ExpertLinear {
     name: String,
+    /// Number of experts `E`.
     pub experts: usize,
+    /// Output features of each expert.
     pub out_dim: usize,
+    /// Input features of each expert.
     pub in_dim: usize,
     weights: Weights,
 }

@@ -8,8 +8,11 @@ use crate::error::CoreError;
 /// `down(gelu_tanh(gate(x)) * up(x))`.
 #[derive(Debug)]
 pub struct Mlp {
+    /// Gate projection `[intermediate, hidden]` (through `gelu_tanh`).
     pub gate_proj: Linear,
+    /// Up projection `[intermediate, hidden]`.
     pub up_proj: Linear,
+    /// Down projection `[hidden, intermediate]`.
     pub down_proj: Linear,
 }
 

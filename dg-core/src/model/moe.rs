@@ -13,17 +13,24 @@ use crate::error::CoreError;
 /// Router weights.
 #[derive(Debug)]
 pub struct Router {
+    /// Score projection `[experts, hidden]`.
     pub proj: Linear,
+    /// Per-channel scale `[hidden]` applied after the scale-free RMS norm.
     pub scale: Vec<f32>,
+    /// Factor on each chosen expert's weight, `[experts]`.
     pub per_expert_scale: Vec<f32>,
+    /// Experts chosen per token.
     pub top_k: usize,
+    /// Epsilon of the RMS norm.
     pub eps: f32,
 }
 
 /// The experts chosen for one token and their weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
+    /// Chosen expert indices, highest score first (`top_k` of them).
     pub experts: Vec<usize>,
+    /// Each chosen expert's weight, aligned with `experts`.
     pub weights: Vec<f32>,
 }
 
@@ -67,8 +74,11 @@ impl Router {
 /// The experts: fused `gate_up_proj` (gate rows first) and `down_proj`.
 #[derive(Debug)]
 pub struct Experts {
+    /// Fused gate and up projections `[E, 2 * moe_dim, hidden]`, gate rows first.
     pub gate_up_proj: ExpertLinear,
+    /// Down projections `[E, hidden, moe_dim]`.
     pub down_proj: ExpertLinear,
+    /// Hidden width of each expert (`moe_intermediate_size`).
     pub moe_dim: usize,
 }
 

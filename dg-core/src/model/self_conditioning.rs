@@ -9,8 +9,11 @@ use crate::error::CoreError;
 /// `post_norm(embeds + mlp(pre_norm(soft)))`.
 #[derive(Debug)]
 pub struct SelfConditioningBlock {
+    /// RMS-norm weight `[hidden]` on the soft embeddings.
     pub pre_norm: Vec<f32>,
+    /// The GeGLU block.
     pub mlp: Mlp,
+    /// Epsilon of both norms.
     pub eps: f32,
 }
 
