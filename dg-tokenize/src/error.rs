@@ -9,57 +9,103 @@ pub enum Error {
     /// A file could not be read.
     #[error("reading {path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// A file is not valid JSON.
     #[error("parsing {path}: {source}")]
     Json {
+        /// The file.
         path: PathBuf,
+        /// The parser's error (with line and column).
         #[source]
         source: serde_json::Error,
     },
     /// A JSON file parsed but a field has the wrong shape or value.
     #[error("{path}: field `{field}`: {message}")]
     Field {
+        /// The file.
         path: PathBuf,
+        /// The field at fault.
         field: String,
+        /// What is wrong with it.
         message: String,
     },
     /// The `tokenizers` library rejected tokenizer.json (or our adjustment of it).
     #[error("loading tokenizer {path}: {message}")]
-    TokenizerLoad { path: PathBuf, message: String },
+    TokenizerLoad {
+        /// The tokenizer.json file.
+        path: PathBuf,
+        /// The library's message.
+        message: String,
+    },
     /// Encoding text failed inside `tokenizers`.
     #[error("encoding text ({chars} chars): {message}")]
-    Encode { chars: usize, message: String },
+    Encode {
+        /// Length of the text in chars.
+        chars: usize,
+        /// The library's message.
+        message: String,
+    },
     /// Decoding ids failed inside `tokenizers`.
     #[error("decoding {len} token ids: {message}")]
-    Decode { len: usize, message: String },
+    Decode {
+        /// Number of ids.
+        len: usize,
+        /// The library's message.
+        message: String,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
-    UnknownTokenId { id: u32, vocab_size: usize },
+    UnknownTokenId {
+        /// The id.
+        id: u32,
+        /// Size of the vocabulary (added tokens included).
+        vocab_size: usize,
+    },
     /// A token string the vocabulary does not contain.
     #[error("token `{token}` is not in the vocabulary")]
-    UnknownToken { token: String },
+    UnknownToken {
+        /// The token string.
+        token: String,
+    },
     /// The chat template failed to compile or render (includes `raise_exception` calls).
     #[error("chat template `{name}`: {message}")]
-    Template { name: String, message: String },
+    Template {
+        /// The template's name (`chat_template` or a named template).
+        name: String,
+        /// Jinja's message, or the template's `raise_exception` text.
+        message: String,
+    },
     /// A checkpoint directory has no chat template.
     #[error(
         "no chat template in {dir} (looked for chat_template.jinja and tokenizer_config.json `chat_template`)"
     )]
-    NoChatTemplate { dir: PathBuf },
+    NoChatTemplate {
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
     /// A chat message or tool could not be turned into template values.
     #[error("serializing {what} for the chat template: {message}")]
-    Serialize { what: String, message: String },
+    Serialize {
+        /// The value at fault (a message or tool).
+        what: String,
+        /// The serializer's message.
+        message: String,
+    },
     /// Image placeholders in the prompt and per-image token counts disagree.
     #[error(
         "prompt has {placeholders} image placeholder token(s) (id {image_token_id}) but {images} image token count(s) were given"
     )]
     ImageCountMismatch {
+        /// Image placeholder tokens in the prompt.
         placeholders: usize,
+        /// Token counts given (one per image).
         images: usize,
+        /// The placeholder's id.
         image_token_id: u32,
     },
 }

@@ -27,6 +27,7 @@ pub struct ImageTokenIds {
 /// A prompt with its images expanded.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ExpandedPrompt {
+    /// Token ids: each placeholder replaced by `boi + image * n + eoi`.
     pub ids: Vec<u32>,
     /// One per id: [`TOKEN_TYPE_TEXT`] or [`TOKEN_TYPE_IMAGE`].
     pub token_types: Vec<u32>,

@@ -48,7 +48,9 @@ impl ContentPart {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Content {
+    /// A plain string.
     Text(String),
+    /// Typed parts (text, image placeholders, ...), in order.
     Parts(Vec<ContentPart>),
 }
 
@@ -94,14 +96,17 @@ impl Message {
         }
     }
 
+    /// A `"system"` message.
     pub fn system(content: impl Into<Content>) -> Self {
         Self::new("system", content)
     }
 
+    /// A `"user"` message.
     pub fn user(content: impl Into<Content>) -> Self {
         Self::new("user", content)
     }
 
+    /// An `"assistant"` message.
     pub fn assistant(content: impl Into<Content>) -> Self {
         Self::new("assistant", content)
     }
