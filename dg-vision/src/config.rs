@@ -39,19 +39,33 @@ pub const MAX_PATCHES: usize = 1 << 20;
 #[serde(default)]
 #[non_exhaustive]
 pub struct VisionConfig {
+    /// Width of the tower's residual stream.
     pub hidden_size: usize,
+    /// Hidden width of each block's MLP.
     pub intermediate_size: usize,
+    /// Transformer blocks.
     pub num_hidden_layers: usize,
+    /// Query heads per block.
     pub num_attention_heads: usize,
+    /// Key/value heads per block.
     pub num_key_value_heads: usize,
+    /// Dimension of each head.
     pub head_dim: usize,
+    /// Epsilon of every RMS norm.
     pub rms_norm_eps: f32,
+    /// Default soft-token budget per image: the pooled output length.
     pub default_output_length: usize,
+    /// Patch side in pixels.
     pub patch_size: usize,
+    /// Positions per axis of the learned position table `[2, size, hidden]`.
     pub position_embedding_size: usize,
+    /// Side of the square of patches pooled into one soft token.
     pub pooling_kernel_size: usize,
+    /// Whether the linears clamp their inputs and outputs to stored bounds.
     pub use_clipped_linears: bool,
+    /// Whether the pooled output is standardized with `std_bias` / `std_scale`.
     pub standardize: bool,
+    /// The 2-D RoPE's parameters.
     pub rope_parameters: RopeParameters,
 }
 
@@ -60,6 +74,7 @@ pub struct VisionConfig {
 #[serde(default)]
 #[non_exhaustive]
 pub struct RopeParameters {
+    /// RoPE base frequency.
     pub rope_theta: f32,
 }
 
@@ -196,7 +211,9 @@ impl VisionConfig {
 /// Bits and group size of one quantized module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantParams {
+    /// Bits per weight.
     pub bits: u32,
+    /// Elements per scale/bias group.
     pub group_size: usize,
 }
 
@@ -205,7 +222,9 @@ pub struct QuantParams {
 /// parameters come from its own entry if there is one, else from the defaults.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct QuantConfig {
+    /// The top-level `bits` / `group_size`, if any.
     pub default: Option<QuantParams>,
+    /// Entries by full module path.
     pub per_module: BTreeMap<String, QuantParams>,
 }
 
@@ -225,9 +244,13 @@ pub struct CheckpointConfig {
     pub vision: Option<VisionConfig>,
     /// `text_config.hidden_size`: the width the embedder projects into.
     pub text_hidden_size: usize,
+    /// The `quantization` block (empty when unquantized).
     pub quantization: QuantConfig,
+    /// Image placeholder token id.
     pub image_token_id: Option<u32>,
+    /// Begin-of-image token id.
     pub boi_token_id: Option<u32>,
+    /// End-of-image token id.
     pub eoi_token_id: Option<u32>,
 }
 

@@ -62,8 +62,11 @@ impl DecodeLimits {
 /// A decoded image: `height x width x 3` bytes, row-major RGB.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RgbImage {
+    /// Width in pixels.
     pub width: usize,
+    /// Height in pixels.
     pub height: usize,
+    /// `height x width x 3` bytes, row-major RGB.
     pub data: Vec<u8>,
 }
 

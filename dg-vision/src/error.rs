@@ -10,94 +10,154 @@ pub enum VisionError {
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// The bytes are not an image in a format we decode (PNG, JPEG, WebP, GIF).
     #[error("{what}: not a supported image (PNG, JPEG, WebP or GIF)")]
-    UnsupportedFormat { what: String },
+    UnsupportedFormat {
+        /// The image's source (a path, "request image 2", ...).
+        what: String,
+    },
     /// The image is damaged or truncated.
     #[error("{what}: cannot decode image: {message}")]
-    Decode { what: String, message: String },
+    Decode {
+        /// The image's source (a path, "request image 2", ...).
+        what: String,
+        /// The decoder's message.
+        message: String,
+    },
     /// The image is larger than the decoder limits allow.
     #[error("{what}: image too large ({message})")]
-    TooLarge { what: String, message: String },
+    TooLarge {
+        /// The image's source (a path, "request image 2", ...).
+        what: String,
+        /// The limit exceeded.
+        message: String,
+    },
     /// The image has no pixels.
     #[error("{what}: empty image ({width} x {height})")]
     EmptyImage {
+        /// The image's source (a path, "request image 2", ...).
         what: String,
+        /// Width in pixels.
         width: usize,
+        /// Height in pixels.
         height: usize,
     },
     /// A raw pixel buffer does not match its stated size.
     #[error("pixel buffer holds {got} bytes, {width} x {height} RGB needs {expected}")]
     PixelBuffer {
+        /// Stated width in pixels.
         width: usize,
+        /// Stated height in pixels.
         height: usize,
+        /// Bytes that size needs (`width * height * 3`).
         expected: usize,
+        /// Bytes given.
         got: usize,
     },
     /// An image processor or tower setting is out of range or inconsistent.
     #[error("invalid option `{option}`: {message}")]
     InvalidOption {
+        /// The setting at fault.
         option: &'static str,
+        /// What is wrong with it.
         message: String,
     },
     /// `config.json` is missing, unparsable, or a field is invalid.
     #[error("{path}: config field `{field}`: {message}")]
     Config {
+        /// The config file.
         path: PathBuf,
+        /// The field at fault.
         field: String,
+        /// What is wrong with it.
         message: String,
     },
     /// The checkpoint has no vision tower (`vision_config` absent or null).
     #[error("{path}: this checkpoint has no vision tower (no vision_config); image inputs are not supported")]
-    NoVisionTower { path: PathBuf },
+    NoVisionTower {
+        /// The config file.
+        path: PathBuf,
+    },
     /// A safetensors file could not be parsed.
     #[error("{path}: invalid safetensors file: {message}")]
-    Safetensors { path: PathBuf, message: String },
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A tensor the tower needs is in none of the checkpoint's files.
     #[error("tensor `{name}` not found in {searched}")]
-    MissingTensor { name: String, searched: String },
+    MissingTensor {
+        /// The tensor's name.
+        name: String,
+        /// The files searched.
+        searched: String,
+    },
     /// A tensor has an unexpected dtype.
     #[error("tensor `{name}` in {path}: dtype {dtype} not supported here (want {expected})")]
     TensorDtype {
+        /// The tensor's name.
         name: String,
+        /// The file that holds it.
         path: PathBuf,
+        /// Its dtype.
         dtype: String,
+        /// The dtype(s) accepted.
         expected: &'static str,
     },
     /// A tensor has an unexpected shape.
     #[error("tensor `{name}`: shape {got:?}, expected {expected:?}")]
     TensorShape {
+        /// The tensor's name.
         name: String,
+        /// The shape the config calls for.
         expected: Vec<usize>,
+        /// The shape stored.
         got: Vec<usize>,
     },
     /// The quantized-matrix layer rejected a tensor.
     #[error("quantized tensor `{name}`: {message}")]
-    Quant { name: String, message: String },
+    Quant {
+        /// The tensor's name.
+        name: String,
+        /// The quantization layer's message.
+        message: String,
+    },
     /// The prompt's image-token count differs from the number of feature rows.
     #[error(
         "prompt has {image_tokens} image tokens but the images give {feature_rows} feature rows"
     )]
     TokenCount {
+        /// Image tokens in the prompt.
         image_tokens: usize,
+        /// Feature rows of all the images together.
         feature_rows: usize,
     },
     /// Buffers whose widths disagree.
     #[error("{what}: width {got}, expected {expected}")]
     Width {
+        /// The buffer at fault.
         what: &'static str,
+        /// The width it must have.
         expected: usize,
+        /// Its width.
         got: usize,
     },
     /// An image does not fit the tower (patch grid larger than the patch budget, wrong size).
     #[error("image {height} x {width} does not fit the vision tower: {message}")]
     ImageShape {
+        /// Height in pixels.
         height: usize,
+        /// Width in pixels.
         width: usize,
+        /// Why it does not fit.
         message: String,
     },
 }

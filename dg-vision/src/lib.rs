@@ -17,6 +17,8 @@
 //! budget, Pillow-exact bicubic, rescale), [`patches`] (patchify and the inline-4-bit uint32
 //! quirk), the tower (`tower`, `rope2d`), the embedder, and the weight loader (`weights`).
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod decode;
 mod embedder;
@@ -176,6 +178,7 @@ impl VisionModel {
         &self.config
     }
 
+    /// The tower's `vision_config`.
     pub fn vision_config(&self) -> &VisionConfig {
         &self.vision
     }

@@ -37,10 +37,15 @@ pub fn rescale(v: u8) -> f32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ImageProcessor {
+    /// Patch side in pixels.
     pub patch_size: usize,
+    /// Soft-token budget per image: the resize keeps at most `max_soft_tokens * pooling^2` patches.
     pub max_soft_tokens: usize,
+    /// Side of the square of patches pooled into one soft token.
     pub pooling_kernel_size: usize,
+    /// Bounds on the encoded and decoded image.
     pub limits: DecodeLimits,
+    /// Whether to apply the EXIF orientation (the reference ignores it).
     pub exif: ExifOrientation,
 }
 
@@ -68,7 +73,9 @@ pub struct PreparedImage {
     pub rgb: Vec<u8>,
     /// Placeholder tokens this image expands to: `(H/p) * (W/p) / pooling^2`.
     pub soft_tokens: usize,
+    /// Patch side in pixels used to prepare this image.
     pub patch_size: usize,
+    /// Pooling side used to prepare this image.
     pub pooling_kernel_size: usize,
 }
 

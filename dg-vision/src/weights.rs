@@ -28,9 +28,15 @@ use crate::error::{Result, VisionError};
 #[non_exhaustive]
 pub enum WeightLayout {
     /// In the model shards (`model.encoder.vision_tower.*`); `quantized` when `input_proj` is.
-    Inline { quantized: bool },
+    Inline {
+        /// Whether the tower's linears are quantized.
+        quantized: bool,
+    },
     /// In the bf16 sidecar at this path.
-    Sidecar { path: PathBuf },
+    Sidecar {
+        /// The sidecar safetensors file.
+        path: PathBuf,
+    },
 }
 
 /// One memory-mapped safetensors file.
