@@ -22,7 +22,10 @@ pub enum FinishReason {
 #[non_exhaustive]
 pub enum Event {
     /// The prompt is in the cache.
-    Prefilled { prompt_tokens: usize },
+    Prefilled {
+        /// Tokens of the prompt (image tokens included).
+        prompt_tokens: usize,
+    },
     /// The canvas after one denoising step.
     Draft {
         /// 1-based block number.
@@ -40,6 +43,7 @@ pub enum Event {
     Text(String),
     /// A block was committed.
     BlockEnd {
+        /// 1-based block number.
         block: usize,
         /// Denoising steps it took.
         steps: usize,
@@ -51,6 +55,7 @@ pub enum Event {
 /// Counters and timings of one generation.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Stats {
+    /// Tokens of the prompt (image tokens included).
     pub prompt_tokens: usize,
     /// Generated tokens, counting a final EOS (as the reference does).
     pub generated_tokens: usize,
@@ -64,8 +69,10 @@ pub struct Stats {
     pub steps_per_block: Vec<usize>,
     /// Work: canvas length x steps, summed over blocks.
     pub work_tokens: usize,
+    /// Wall time of the prompt's prefill pass (serialized in seconds).
     #[serde(serialize_with = "secs")]
     pub prefill_time: Duration,
+    /// Wall time from the end of prefill to the end of generation (serialized in seconds).
     #[serde(serialize_with = "secs")]
     pub generation_time: Duration,
 }
@@ -109,6 +116,7 @@ pub struct Generation {
     /// Generated token ids (EOS excluded; after a stop string, up to the token that completed
     /// it).
     pub token_ids: Vec<u32>,
+    /// Why generation ended.
     pub finish_reason: FinishReason,
     /// The stop string that ended generation (it and what followed it are not in `text`).
     pub stop_sequence: Option<String>,
@@ -116,5 +124,6 @@ pub struct Generation {
     /// token of `token_ids` under the logits it was taken from (the block's last step, divided
     /// by that step's schedule temperature, soft-capped), i.e. how sure the model was.
     pub logprobs: Option<Vec<f32>>,
+    /// Counters and timings.
     pub stats: Stats,
 }
