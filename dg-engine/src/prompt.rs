@@ -19,8 +19,11 @@ pub enum Image {
     Bytes(Vec<u8>),
     /// Decoded 8-bit RGB pixels, row-major.
     Rgb {
+        /// Width in pixels.
         width: usize,
+        /// Height in pixels.
         height: usize,
+        /// `height x width x 3` bytes, row-major RGB.
         pixels: Vec<u8>,
     },
 }

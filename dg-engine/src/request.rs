@@ -90,9 +90,11 @@ pub enum Defaults {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Request {
+    /// What to answer: chat messages, raw text or token ids.
     pub prompt: Prompt,
     /// Maximum number of generated tokens (the reference's public default: 512).
     pub max_tokens: usize,
+    /// Which positions each denoising step keeps.
     pub sampler: Sampler,
     /// 0 takes the argmax; above 0 samples each step's candidate canvas from the tempered
     /// distribution.
@@ -107,6 +109,7 @@ pub struct Request {
     pub full_canvas: bool,
     /// Seed of the MLX-compatible random generator.
     pub seed: u64,
+    /// Where unset settings (steps, temperature schedule, entropy bound, stop rule, extra EOS ids) come from.
     pub defaults: Defaults,
     /// Images, one per image placeholder in the prompt, in order.
     pub images: Vec<Image>,

@@ -11,8 +11,11 @@ use crate::error::{EngineError, Result};
 pub struct GenerationSettings {
     /// Denoising steps per block.
     pub steps: usize,
+    /// Bound of [`Sampler::EntropyBound`](crate::Sampler::EntropyBound) when the request leaves it unset.
     pub entropy_bound: f64,
+    /// Floor of the per-step temperature schedule `t_min + (t_max - t_min) * k / steps`, where `k` counts down from `steps` to 1 ([`linear_temperature`](crate::sampler::linear_temperature)); the logits are divided by it.
     pub t_min: f64,
+    /// Temperature of a block's first step (`k = steps`).
     pub t_max: f64,
     /// The stable-and-confident stop: (stability threshold, mean-entropy threshold).
     pub stop: Option<(usize, f64)>,
