@@ -52,6 +52,12 @@ impl<'a> LoadBuilder<'a> {
         self
     }
 
+    /// The checkpoint directory (the hub download sets it once the files are in the cache).
+    #[cfg(feature = "hub")]
+    pub(crate) fn set_dir(&mut self, dir: PathBuf) {
+        self.dir = dir;
+    }
+
     /// Loads the checkpoint.
     pub fn load(self) -> Result<DiffusionGemma> {
         let dir = self.dir;
@@ -140,8 +146,10 @@ fn check_checkpoint_dir(dir: &Path) -> Result<()> {
         && !text.starts_with('/');
     fail(match hub_id {
         true => format!(
-            "no such directory; it looks like a Hugging Face model id: download it first \
-             (e.g. `hf download {text} --local-dir DIR`) and pass that directory"
+            "no such directory; it looks like a Hugging Face model id: build dg-engine with \
+             its `hub` feature and call `DiffusionGemma::from_hub(\"{text}\")` (the examples' \
+             --model does), or download it first (e.g. `hf download {text} --local-dir DIR`) \
+             and pass that directory"
         ),
         false => "no such directory".to_string(),
     })

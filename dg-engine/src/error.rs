@@ -42,6 +42,16 @@ pub enum EngineError {
         index: usize,
         source: Box<EngineError>,
     },
+    /// Downloading a checkpoint from the Hugging Face Hub failed (feature `hub`): the repo is
+    /// unknown, not a diffusion_gemma checkpoint, lacks a file, or the transfer broke (run it
+    /// again: finished files are reused and a partial one resumes).
+    #[error("{repo}: {reason}")]
+    Download {
+        /// The repo id (`org/name`).
+        repo: String,
+        /// What went wrong, naming the file at fault.
+        reason: String,
+    },
     /// Loading was cancelled by the progress callback.
     #[error("loading was cancelled")]
     Cancelled,

@@ -25,6 +25,8 @@ mod batch;
 mod canvas;
 mod engine;
 pub mod error;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod mlx_math;
 mod output;
 mod prompt;
@@ -35,7 +37,6 @@ mod scheduler;
 mod settings;
 mod stop;
 
-pub use dg_core::{CoreError, KvCache, SelfConditioning};
 /// Random-weight checkpoints in the exact real format (feature `synthetic`): the model runs
 /// on them end to end, its output is noise.
 ///
@@ -49,10 +50,13 @@ pub use dg_core::{CoreError, KvCache, SelfConditioning};
 /// ```
 #[cfg(feature = "synthetic")]
 pub use dg_core::synthetic;
+pub use dg_core::{CoreError, KvCache, SelfConditioning};
 pub use dg_tokenize::{Content, ContentPart, Tokenizer};
 pub use dg_vision::VisionError;
 pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
 pub use error::EngineError;
+#[cfg(feature = "hub")]
+pub use hub::HubBuilder;
 pub use output::{Event, FinishReason, Generation, Stats};
 pub use prompt::{Image, PreparedPrompt};
 pub use request::{ChatOptions, Defaults, Message, Prompt, Request, Sampler};
