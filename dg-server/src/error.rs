@@ -20,16 +20,20 @@ pub enum Flavor {
 /// An error answered to a client.
 #[derive(Clone, Debug)]
 pub struct ApiError {
+    /// HTTP status of the response.
     pub status: StatusCode,
+    /// Human-readable message (the body's `message`).
     pub message: String,
     /// The request field at fault (`messages[0].content`, `max_tokens`, ...).
     pub param: Option<String>,
     /// A machine-readable code (`request_too_large`, `rate_limit_exceeded`, ...).
     pub code: Option<&'static str>,
+    /// Which API's error shape the body takes.
     pub flavor: Flavor,
 }
 
 impl ApiError {
+    /// An error with this status and message, no param or code, in the OpenAI shape.
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -60,11 +64,13 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message).code("internal_error")
     }
 
+    /// Names the request field at fault.
     pub fn param(mut self, param: impl Into<String>) -> Self {
         self.param = Some(param.into());
         self
     }
 
+    /// Sets the machine-readable code.
     pub fn code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

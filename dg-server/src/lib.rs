@@ -36,6 +36,8 @@
 //! `diffusion_min_canvas_length`, `diffusion_max_canvas_length`, `diffusion_full_canvas`) are
 //! accepted too. Unset, `temperature` and `seed` are 0 (the same request gives the same answer).
 
+#![warn(missing_docs)]
+
 mod anthropic;
 mod error;
 mod generate;

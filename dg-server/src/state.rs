@@ -96,6 +96,7 @@ impl Server {
         self.inner.scheduler.get().is_some() && !self.is_shutting_down()
     }
 
+    /// Whether [`shutdown`](Self::shutdown) has begun.
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::SeqCst)
     }
@@ -105,6 +106,7 @@ impl Server {
         self.inner.scheduler.get()
     }
 
+    /// The options the server was built with.
     pub fn options(&self) -> &ServerOptions {
         &self.inner.options
     }
