@@ -32,7 +32,9 @@ pub enum EngineError {
     /// A checkpoint file other than the weights is unreadable or malformed.
     #[error("{path}: {reason}")]
     File {
+        /// The file.
         path: std::path::PathBuf,
+        /// What is wrong with it.
         reason: String,
     },
     /// One request of a batch is invalid (nothing ran).
@@ -40,6 +42,7 @@ pub enum EngineError {
     Request {
         /// Its position in the batch.
         index: usize,
+        /// What is wrong with it.
         source: Box<EngineError>,
     },
     /// Downloading a checkpoint from the Hugging Face Hub failed (feature `hub`): the repo is
