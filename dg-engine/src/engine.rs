@@ -213,6 +213,25 @@ impl std::fmt::Debug for DiffusionGemma {
 impl DiffusionGemma {
     /// Loads a checkpoint directory with default options. The weight files are memory-mapped:
     /// they must not be modified or truncated while the model is alive.
+    ///
+    /// ```
+    /// use dg_engine::DiffusionGemma;
+    ///
+    /// let dir = "path/to/checkpoint";
+    /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+    /// let model = DiffusionGemma::load(dir)?;
+    /// println!("{} token ids", model.tokenizer().vocab_size());
+    ///
+    /// // With options: worker threads, a progress callback (`false` cancels).
+    /// let model = DiffusionGemma::builder(dir)
+    ///     .threads(2)
+    ///     .progress(|done, total| {
+    ///         eprintln!("layer {done}/{total}");
+    ///         true
+    ///     })
+    ///     .load()?;
+    /// # Ok::<(), dg_engine::EngineError>(())
+    /// ```
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
         Self::builder(dir).load()
     }
@@ -369,6 +388,36 @@ impl DiffusionGemma {
 
     /// Generates, calling `on_event` for each [`Event`]; returning `ControlFlow::Break(())`
     /// cancels within one denoising step (the result then has [`FinishReason::Cancelled`](crate::FinishReason::Cancelled)).
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use std::ops::ControlFlow;
+    /// use dg_engine::{DiffusionGemma, Event, FinishReason, Message, Request};
+    ///
+    /// let dir = "path/to/checkpoint";
+    /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+    /// let model = DiffusionGemma::load(dir)?;
+    /// let request = Request::chat(vec![Message::user("Tell me a story.")]).max_tokens(64);
+    /// let mut steps = 0;
+    /// let answer = model.generate_stream(&request, |event| {
+    ///     match event {
+    ///         Event::Text(text) => {
+    ///             print!("{text}");
+    ///             std::io::stdout().flush().ok();
+    ///         }
+    ///         Event::Draft { .. } => steps += 1,
+    ///         _ => {}
+    ///     }
+    ///     // Stop early, e.g. when the user presses Ctrl-C or the client disconnects.
+    ///     if steps == 2 {
+    ///         ControlFlow::Break(())
+    ///     } else {
+    ///         ControlFlow::Continue(())
+    ///     }
+    /// })?;
+    /// assert_eq!(answer.finish_reason, FinishReason::Cancelled);
+    /// # Ok::<(), dg_engine::EngineError>(())
+    /// ```
     pub fn generate_stream(
         &self,
         request: &Request,
@@ -393,6 +442,26 @@ impl DiffusionGemma {
     /// gets the tokens it would get alone (its own seed, canvas and stops); results come in
     /// request order. Every request is checked first; an error names the request at fault
     /// ([`EngineError::Request`]).
+    ///
+    /// ```
+    /// use dg_engine::{DiffusionGemma, Message, Request};
+    ///
+    /// let dir = "path/to/checkpoint";
+    /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+    /// let model = DiffusionGemma::load(dir)?;
+    /// let requests = [
+    ///     Request::chat(vec![Message::user("Name a river.")]).max_tokens(32),
+    ///     Request::chat(vec![Message::user("Name a mountain.")]).max_tokens(32).seed(7),
+    ///     Request::text("The capital of France is").max_tokens(16),
+    /// ];
+    /// let answers = model.generate_batch(&requests)?;
+    /// for answer in &answers {
+    ///     println!("{} ({:?})", answer.text, answer.finish_reason);
+    /// }
+    /// // Each request gets the tokens it gets alone.
+    /// assert_eq!(answers[1].token_ids, model.generate(&requests[1])?.token_ids);
+    /// # Ok::<(), dg_engine::EngineError>(())
+    /// ```
     pub fn generate_batch(&self, requests: &[Request]) -> Result<Vec<Generation>> {
         self.generate_batch_stream(requests, |_, _| ControlFlow::Continue(()))
     }

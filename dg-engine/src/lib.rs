@@ -1,18 +1,32 @@
 //! dg-engine: run Google's DiffusionGemma (block diffusion, mixture of experts) in pure Rust.
 //!
-//! ```no_run
+//! ```
 //! use dg_engine::{DiffusionGemma, Message, Request};
 //!
-//! let model = DiffusionGemma::load("path/to/diffusiongemma")?;
-//! let answer = model.generate(&Request::chat(vec![Message::user("Write a haiku about rust.")]))?;
+//! let dir = "path/to/diffusiongemma";
+//! # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+//! let model = DiffusionGemma::load(dir)?;
+//! let request = Request::chat(vec![
+//!     Message::system("You are terse."),
+//!     Message::user("Write a haiku about rust."),
+//! ])
+//! .max_tokens(64)
+//! .stop(["\n\n"]);
+//! let answer = model.generate(&request)?;
 //! println!("{}", answer.text);
+//! println!(
+//!     "{:?} after {} tokens, {} denoising steps",
+//!     answer.finish_reason, answer.stats.generated_tokens, answer.stats.denoising_steps
+//! );
 //! # Ok::<(), dg_engine::EngineError>(())
 //! ```
 //!
-//! - [`DiffusionGemma`]: load a checkpoint, [`generate`](DiffusionGemma::generate) or stream
-//!   [`Event`]s with [`generate_stream`](DiffusionGemma::generate_stream).
+//! - [`DiffusionGemma`]: load a checkpoint ([`load`](DiffusionGemma::load),
+//!   [`builder`](DiffusionGemma::builder)), [`generate`](DiffusionGemma::generate) or stream
+//!   [`Event`]s with [`generate_stream`](DiffusionGemma::generate_stream); several requests
+//!   in one batched pass per step with [`generate_batch`](DiffusionGemma::generate_batch).
 //! - [`Request`]: prompt and options (sampler, temperature, steps, canvas lengths, seed, stop
-//!   strings).
+//!   strings); [`Image`]s for checkpoints with a vision tower.
 //! - [`Scheduler`]: continuous batching for servers: requests submitted at any time from any
 //!   thread share denoising passes; each gets a [`Stream`] of [`Update`]s (sync or async).
 //! - [`rng`]: an MLX-compatible (threefry) random generator, bit-identical to mlx 0.32.4.

@@ -10,6 +10,27 @@ use dg_vision::{ImageFeatures, VisionModel};
 use crate::error::{EngineError, Result};
 
 /// An image given with a request.
+///
+/// The prompt holds one image placeholder per image, in order; [`Request::with_images`](crate::Request::with_images) builds
+/// the reference's image prompt (the placeholders, then the text, in one user turn). The
+/// checkpoint must have a vision tower.
+///
+/// ```
+/// use dg_engine::{DiffusionGemma, Image, Request};
+///
+/// let dir = "path/to/checkpoint";
+/// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny-vision");
+/// let (first, second) = ("first.png", "second.png");
+/// # let first = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/images/pair_a.png");
+/// # let second = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/images/pair_b.png");
+/// let model = DiffusionGemma::load(dir)?;
+/// // A path, or encoded bytes already in memory.
+/// let images = vec![Image::from(first), Image::Bytes(std::fs::read(second)?)];
+/// let request = Request::with_images("What differs between these?", images).max_tokens(32);
+/// let answer = model.generate(&request)?;
+/// println!("{}", answer.text);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Image {

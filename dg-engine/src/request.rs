@@ -77,7 +77,7 @@ pub enum Defaults {
 /// default.
 ///
 /// ```
-/// use dg_engine::{Message, Request, Sampler};
+/// use dg_engine::{DiffusionGemma, Message, Request, Sampler};
 ///
 /// let request = Request::chat(vec![Message::user("Name three rivers.")])
 ///     .max_tokens(64)
@@ -86,6 +86,14 @@ pub enum Defaults {
 ///     .seed(1)
 ///     .stop(["\n\n"]);
 /// assert_eq!(request.max_tokens, 64);
+///
+/// let dir = "path/to/checkpoint";
+/// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+/// let model = DiffusionGemma::load(dir)?;
+/// let answer = model.generate(&request)?;
+/// assert!(answer.token_ids.len() <= 64);
+/// assert!(!answer.text.contains("\n\n"));
+/// # Ok::<(), dg_engine::EngineError>(())
 /// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]

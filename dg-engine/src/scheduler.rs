@@ -152,15 +152,32 @@ impl Shared {
 /// Serves requests with continuous batching on a worker thread. `Send + Sync`: share it (in an
 /// `Arc`) between the threads or tasks that submit.
 ///
-/// ```no_run
+/// ```
 /// use std::sync::Arc;
-/// use dg_engine::{DiffusionGemma, Message, Request, Scheduler, SchedulerOptions};
+/// use dg_engine::{DiffusionGemma, Event, Message, Request, Scheduler, SchedulerOptions, Update};
 ///
-/// let model = Arc::new(DiffusionGemma::load("path/to/diffusiongemma")?);
-/// let scheduler = Scheduler::start(model, SchedulerOptions::default())?;
-/// let stream = scheduler.submit(Request::chat(vec![Message::user("Hi")]))?;
-/// let answer = stream.wait()?;
-/// println!("{}", answer.text);
+/// let dir = "path/to/diffusiongemma";
+/// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+/// let model = Arc::new(DiffusionGemma::load(dir)?);
+/// let scheduler = Arc::new(Scheduler::start(model, SchedulerOptions::default())?);
+///
+/// // Another thread submits and waits for the whole answer ...
+/// let shared = scheduler.clone();
+/// let other = std::thread::spawn(move || {
+///     shared.submit(Request::chat(vec![Message::user("Hi")]).max_tokens(32))?.wait()
+/// });
+///
+/// // ... while this one reads its stream as an iterator; both share each denoising pass.
+/// let request = Request::chat(vec![Message::user("Write a haiku.")]).max_tokens(64);
+/// for update in scheduler.submit(request)? {
+///     match update {
+///         Update::Event(Event::Text(text)) => print!("{text}"),
+///         Update::Done(answer) => println!("\n[{:?}]", answer.finish_reason),
+///         Update::Failed(e) => return Err(e),
+///         _ => {}
+///     }
+/// }
+/// println!("{}", other.join().unwrap()?.text);
 /// # Ok::<(), dg_engine::EngineError>(())
 /// ```
 pub struct Scheduler {
