@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example generate -- --prompt "Write a haiku about rust"
 //! cargo run --release --example generate -- --model path/to/diffusiongemma --prompt "Hi" --live
+//! cargo run --release --example generate -- --model org/name --prompt "Hi"   # from the Hub
 //! cargo run --release --example generate -- --prompt "One" --prompt "Two"   # one batch
 //! ```
 //!
@@ -22,6 +23,9 @@ use dg_engine::{
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[path = "common/model_source.rs"]
+mod model_source;
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum SamplerArg {
     ConfidenceThreshold,
@@ -38,8 +42,10 @@ struct Args {
     /// Several prompts run as one batch (each step of all of them is one forward pass).
     #[arg(value_name = "PROMPT")]
     prompts: Vec<String>,
-    /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json, ...). Without it a
-    /// small random checkpoint is written and used: its output is noise.
+    /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json, ...), or a Hugging
+    /// Face repo id (`org/name`) downloaded into the Hugging Face cache first (HF_HOME,
+    /// HF_ENDPOINT, HF_TOKEN apply). Without it a small random checkpoint is written and used:
+    /// its output is noise.
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// Prompt text, as the positional PROMPT (repeatable). With neither, stdin when it is not a
@@ -146,7 +152,7 @@ fn main() {
 fn run(args: &Args) -> Result<i32> {
     let _tmp;
     let dir = match &args.model {
-        Some(dir) => dir.clone(),
+        Some(model) => model_source::checkpoint_dir(model, !args.json)?,
         None => {
             let tmp = tempfile::tempdir()?;
             dg_core::synthetic::write_checkpoint(

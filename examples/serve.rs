@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example serve -- --model path/to/diffusiongemma --port 8080
+//! cargo run --release --example serve -- --model org/name   # downloaded from the Hub first
 //! cargo run --release --example serve                       # a small random checkpoint
 //! ```
 //!
@@ -19,11 +20,16 @@ use clap::Parser;
 use dg_engine::{DiffusionGemma, Scheduler, SchedulerOptions};
 use dg_server::{Server, ServerOptions};
 
+#[path = "common/model_source.rs"]
+mod model_source;
+
 #[derive(Parser, Debug)]
 #[command(about = "Serve DiffusionGemma: OpenAI- and Anthropic-compatible HTTP API")]
 struct Args {
-    /// Checkpoint directory. Without it a small random-weight checkpoint is written to a
-    /// temporary directory and served: its output is noise.
+    /// Checkpoint directory, or a Hugging Face repo id (`org/name`) downloaded into the Hugging
+    /// Face cache first, while the server answers 503 (HF_HOME, HF_ENDPOINT, HF_TOKEN apply).
+    /// Without it a small random-weight checkpoint is written to a temporary directory and
+    /// served: its output is noise.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Address to listen on.
@@ -93,6 +99,7 @@ async fn main() -> Result<()> {
     let mut options = ServerOptions::default();
     options.model_name = match (&args.model_name, &args.model) {
         (Some(name), _) => name.clone(),
+        (None, Some(id)) if model_source::is_hub_model(id) => id.to_string_lossy().into_owned(),
         (None, Some(dir)) => dir
             .canonicalize()
             .unwrap_or_else(|_| dir.clone())
@@ -141,6 +148,13 @@ async fn main() -> Result<()> {
         std::thread::spawn(move || {
             let load = || -> Result<()> {
                 let started = std::time::Instant::now();
+                if model_source::is_hub_model(&dir) {
+                    tracing::info!(
+                        "getting {} from the Hugging Face Hub (files already in the cache are reused)",
+                        dir.display()
+                    );
+                }
+                let dir = model_source::checkpoint_dir(&dir, true)?;
                 let mut builder = DiffusionGemma::builder(&dir).max_context(max_context);
                 if let Some(threads) = threads {
                     builder = builder.threads(threads);
