@@ -83,6 +83,7 @@ impl<'a> LoadBuilder<'a> {
         };
         let checkpoint_settings = read_generation_config(&dir)?;
         let reference_settings = GenerationSettings::resolve(config.generation_config.as_ref())?;
+        #[cfg(feature = "vision")]
         let vision = if config.vision_config.is_some() {
             Some(dg_vision::VisionModel::load(&dir)?)
         } else {
@@ -107,6 +108,7 @@ impl<'a> LoadBuilder<'a> {
             model,
             tokenizer,
             template,
+            #[cfg(feature = "vision")]
             vision,
             pool,
             eos,
@@ -193,6 +195,7 @@ pub struct DiffusionGemma {
     model: TextModel,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    #[cfg(feature = "vision")]
     vision: Option<dg_vision::VisionModel>,
     pool: rayon::ThreadPool,
     eos: Vec<u32>,
@@ -350,9 +353,12 @@ impl DiffusionGemma {
             (Some(image), Some(boi), Some(eoi)) => Some(ImageTokenIds { image, boi, eoi }),
             _ => None,
         };
-        let prepared = self
-            .pool
-            .install(|| attach_images(ids, &request.images, self.vision.as_ref(), tokens))?;
+        let prepared = self.pool.install(|| {
+            #[cfg(feature = "vision")]
+            return attach_images(ids, &request.images, self.vision.as_ref(), tokens);
+            #[cfg(not(feature = "vision"))]
+            return attach_images(ids, &request.images, tokens);
+        })?;
         self.check_context(prepared.ids.len(), request.max_tokens)?;
         Ok(prepared)
     }

@@ -28,6 +28,7 @@ pub enum EngineError {
     Tokenize(#[from] dg_tokenize::Error),
     /// An image could not be read or encoded.
     #[error(transparent)]
+    #[cfg(feature = "vision")]
     Vision(#[from] dg_vision::VisionError),
     /// A checkpoint file other than the weights is unreadable or malformed.
     #[error("{path}: {reason}")]

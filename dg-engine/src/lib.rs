@@ -66,6 +66,7 @@ mod stop;
 pub use dg_core::synthetic;
 pub use dg_core::{CoreError, KvCache, SelfConditioning};
 pub use dg_tokenize::{Content, ContentPart, Tokenizer};
+#[cfg(feature = "vision")]
 pub use dg_vision::VisionError;
 pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
 pub use error::EngineError;

@@ -4,7 +4,10 @@
 use std::path::PathBuf;
 
 use dg_core::TextModel;
-use dg_tokenize::{expand_image_tokens, ImageTokenIds, TOKEN_TYPE_TEXT};
+use dg_tokenize::ImageTokenIds;
+#[cfg(feature = "vision")]
+use dg_tokenize::{expand_image_tokens, TOKEN_TYPE_TEXT};
+#[cfg(feature = "vision")]
 use dg_vision::{ImageFeatures, VisionModel};
 
 use crate::error::{EngineError, Result};
@@ -69,10 +72,32 @@ pub struct PreparedPrompt {
     /// One per id (0 text, 1 image); empty for text-only prompts.
     pub token_types: Vec<u32>,
     /// Features of each image, in prompt order.
+    #[cfg(feature = "vision")]
     pub features: Vec<ImageFeatures>,
 }
 
+/// Without the `vision` feature: a prompt with images is refused.
+#[cfg(not(feature = "vision"))]
+pub(crate) fn attach_images(
+    ids: Vec<u32>,
+    images: &[Image],
+    tokens: Option<ImageTokenIds>,
+) -> Result<PreparedPrompt> {
+    let placeholders = tokens.map_or(0, |t| ids.iter().filter(|&&id| id == t.image).count());
+    if images.is_empty() && placeholders == 0 {
+        return Ok(PreparedPrompt {
+            ids,
+            token_types: Vec::new(),
+        });
+    }
+    Err(EngineError::InvalidArgument {
+        name: "images",
+        reason: "dg-engine was built without its `vision` feature".into(),
+    })
+}
+
 /// Expands image placeholders in `ids` and encodes the images.
+#[cfg(feature = "vision")]
 pub(crate) fn attach_images(
     ids: Vec<u32>,
     images: &[Image],
@@ -133,10 +158,21 @@ pub(crate) fn encoder_input(
     model: &TextModel,
     prompt: &PreparedPrompt,
 ) -> Result<(Vec<f32>, Option<Vec<i32>>)> {
-    let mut embeds = model.embed_prompt(&prompt.ids)?;
-    if prompt.features.is_empty() {
-        return Ok((embeds, None));
+    let embeds = model.embed_prompt(&prompt.ids)?;
+    #[cfg(feature = "vision")]
+    if !prompt.features.is_empty() {
+        return scatter_images(model, prompt, embeds);
     }
+    Ok((embeds, None))
+}
+
+/// Image features in place of the image tokens' embeddings, and the image blocks.
+#[cfg(feature = "vision")]
+fn scatter_images(
+    model: &TextModel,
+    prompt: &PreparedPrompt,
+    mut embeds: Vec<f32>,
+) -> Result<(Vec<f32>, Option<Vec<i32>>)> {
     let image_token = model.config().image_token_id.unwrap_or(u32::MAX);
     dg_vision::scatter_image_features(
         &mut embeds,
@@ -149,6 +185,7 @@ pub(crate) fn encoder_input(
 }
 
 /// Block id per position: contiguous runs of image tokens get 0, 1, 2, ...; text gets -1.
+#[cfg(feature = "vision")]
 fn image_blocks(token_types: &[u32]) -> Vec<i32> {
     let mut next = 0;
     let mut previous_image = false;
@@ -170,7 +207,7 @@ fn image_blocks(token_types: &[u32]) -> Vec<i32> {
         .collect()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "vision"))]
 mod tests {
     use super::image_blocks;
 

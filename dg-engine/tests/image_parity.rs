@@ -3,6 +3,7 @@
 //! tower, bf16 sidecar). Goldens: tests/fixtures/goldens/generate_images.json
 //! (tools/reference/dump_image_generation_goldens.py); every case keeps its trajectory under
 //! +-1 f32 ulp noise on 1% of the reference's quantized-matmul outputs.
+#![cfg(feature = "vision")]
 
 use dg_engine::{DiffusionGemma, FinishReason, Generation, Image, Request, Sampler};
 use serde_json::Value;
