@@ -45,6 +45,6 @@ pub use image::{
     TOKEN_TYPE_TEXT,
 };
 pub use message::{Content, ContentPart, Message};
-pub use stream::{DecoderKind, StreamDetokenizer};
+pub use stream::{DecoderKind, StreamDetokenizer, MAX_TOKEN_IDS};
 pub use template::{ChatTemplate, RenderOptions};
 pub use tokenizer::{SpecialTokens, Tokenizer};

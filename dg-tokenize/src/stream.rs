@@ -64,9 +64,20 @@ pub(crate) struct PieceTable {
     bytes: Vec<Option<u8>>,
 }
 
+/// Ids a tokenizer may use: `0..MAX_TOKEN_IDS` (Gemma's vocabulary has 262,144). The piece
+/// table is indexed by id, so one stray id of 400 million in tokenizer.json would otherwise
+/// allocate gigabytes.
+pub const MAX_TOKEN_IDS: usize = 1 << 24;
+
 impl PieceTable {
-    pub(crate) fn new(tok: &tokenizers::Tokenizer) -> Self {
+    pub(crate) fn new(tok: &tokenizers::Tokenizer, path: &std::path::Path) -> Result<Self> {
         let vocab = tok.get_vocab(true);
+        if let Some((piece, id)) = vocab.iter().find(|(_, &id)| id as usize >= MAX_TOKEN_IDS) {
+            return Err(Error::TokenizerLoad {
+                path: path.to_owned(),
+                message: format!("token `{piece}` has id {id}, over the limit of {MAX_TOKEN_IDS}"),
+            });
+        }
         let len = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
         let mut pieces = vec![None; len];
         let mut bytes = vec![None; len];
@@ -81,7 +92,7 @@ impl PieceTable {
             }
             pieces[id] = Some(piece);
         }
-        PieceTable { pieces, bytes }
+        Ok(PieceTable { pieces, bytes })
     }
 
     /// Whether `id` names a token.

@@ -310,7 +310,7 @@ impl Tokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| id)
             .collect();
-        let pieces = Arc::new(PieceTable::new(&inner));
+        let pieces = Arc::new(PieceTable::new(&inner, &path)?);
         Ok(Tokenizer {
             inner: Arc::new(inner),
             path,
