@@ -14,11 +14,13 @@ use crate::error::{EngineError, Result};
 
 /// An image given with a request.
 ///
-/// The prompt holds one image placeholder per image, in order; [`Request::with_images`](crate::Request::with_images) builds
-/// the reference's image prompt (the placeholders, then the text, in one user turn). The
-/// checkpoint must have a vision tower.
+/// The prompt holds one image placeholder per image, in order;
+/// [`Request::with_images`](crate::Request::with_images) builds the reference's image prompt
+/// (the placeholders, then the text, in one user turn). The checkpoint must have a vision tower
+/// (and dg-engine its `vision` feature, on by default).
 ///
 /// ```
+/// # #[cfg(feature = "vision")] {
 /// use dg_engine::{DiffusionGemma, Image, Request};
 ///
 /// let dir = "path/to/checkpoint";
@@ -32,6 +34,7 @@ use crate::error::{EngineError, Result};
 /// let request = Request::with_images("What differs between these?", images).max_tokens(32);
 /// let answer = model.generate(&request)?;
 /// println!("{}", answer.text);
+/// # }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
