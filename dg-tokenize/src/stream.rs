@@ -30,7 +30,10 @@ const SPM_SPACE: char = '\u{2581}';
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecoderKind {
     /// `SPMStreamingDetokenizer`; `trim_space` drops the first space (decoder ends in `Strip`).
-    Spm { trim_space: bool },
+    Spm {
+        /// Drop the leading space of the first piece.
+        trim_space: bool,
+    },
     /// `NaiveStreamingDetokenizer`.
     Naive,
 }
