@@ -206,22 +206,8 @@ pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Ve
 /// `_diffusion_token_probability` (diffusion.py 233-243): per row,
 /// `exp(logits[token] - logsumexp(logits))` with MLX's exp: the confidence of `tokens`.
 pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
-    let rows = rows_of(logits, vocab, "logits")?;
-    same_len(tokens.len(), rows, "tokens")?;
-    logits
-        .chunks_exact(vocab)
-        .zip(tokens)
-        .map(|(row, &t)| {
-            let x = usize::try_from(t)
-                .ok()
-                .and_then(|i| row.get(i))
-                .ok_or_else(|| EngineError::InvalidArgument {
-                    name: "tokens",
-                    reason: format!("token {t} outside vocab {vocab}"),
-                })?;
-            Ok(mlx_math::exp(x - mlx_math::logsumexp(row)))
-        })
-        .collect()
+    let logprobs = token_logprobs(logits, vocab, tokens)?;
+    Ok(logprobs.into_iter().map(mlx_math::exp).collect())
 }
 
 /// One row of the entropy chain: writes `exp(logits - lse)` into `probs`, returns
