@@ -329,13 +329,22 @@ impl DiffusionGemma {
 
     /// Refuses a request whose `prompt_tokens` plus `max_tokens` exceed the context limit.
     fn check_context(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
-        if prompt_tokens.saturating_add(max_tokens) > self.max_context {
+        let limit = self.max_context;
+        if max_tokens >= limit {
+            return Err(EngineError::InvalidArgument {
+                name: "max_tokens",
+                reason: format!(
+                    "{max_tokens} leaves no room for the prompt within the context limit of \
+                     {limit} tokens (LoadBuilder::max_context)"
+                ),
+            });
+        }
+        if prompt_tokens.saturating_add(max_tokens) > limit {
             return Err(EngineError::InvalidArgument {
                 name: "prompt",
                 reason: format!(
                     "{prompt_tokens} prompt tokens plus max_tokens {max_tokens} exceed the \
-                     context limit of {} tokens (LoadBuilder::max_context)",
-                    self.max_context
+                     context limit of {limit} tokens (LoadBuilder::max_context)"
                 ),
             });
         }

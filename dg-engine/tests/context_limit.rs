@@ -67,3 +67,25 @@ fn a_huge_prompt_is_refused_while_other_requests_are_served() {
         assert_eq!(served.join().unwrap().token_ids, alone.token_ids);
     });
 }
+
+#[test]
+fn max_tokens_alone_over_the_limit_names_max_tokens() {
+    let model = DiffusionGemma::builder(fixtures().join("models/tiny"))
+        .max_context(50)
+        .load()
+        .unwrap();
+    let err = model
+        .generate(&Request::tokens(vec![5]).max_tokens(50))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::InvalidArgument {
+                name: "max_tokens",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("context limit of 50"), "{err}");
+}

@@ -16,8 +16,12 @@ fn synthetic() -> (tempfile::TempDir, Arc<DiffusionGemma>) {
     let dir = tempfile::tempdir().unwrap();
     dg_core::synthetic::write_checkpoint(dir.path(), &dg_core::synthetic::SyntheticSpec::default())
         .unwrap();
-    let model = load(dir.path());
-    (dir, model)
+    // Room for the never-ending generations below (the default limit is 32768 tokens).
+    let model = DiffusionGemma::builder(dir.path())
+        .max_context(2_000_000)
+        .load()
+        .unwrap();
+    (dir, Arc::new(model))
 }
 
 fn roomy() -> SchedulerOptions {
