@@ -61,6 +61,14 @@ pub enum CoreError {
         #[source]
         source: dg_quant::QuantError,
     },
+    /// A LoRA adapter is malformed or does not fit the model.
+    #[error("adapter {path}: {reason}")]
+    Adapter {
+        /// The adapter directory or file.
+        path: PathBuf,
+        /// What is wrong, naming the tensor or field.
+        reason: String,
+    },
     /// Loading was cancelled by the progress callback.
     #[error("loading cancelled")]
     Cancelled,

@@ -9,12 +9,14 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod lora;
 mod mmap;
 pub mod model;
 
 pub use checkpoint::Checkpoint;
 pub use config::ModelConfig;
 pub use error::CoreError;
+pub use lora::Adapter;
 pub use model::cache::KvCache;
 pub use model::{DecoderInput, EncoderInput, SelfConditioning, TextModel};
 #[cfg(feature = "synthetic")]

@@ -63,6 +63,22 @@ pub enum Pass<'a, 'm> {
 }
 
 impl Layer {
+    /// The linear layer a LoRA key (`self_attn.q_proj`, `mlp.up_proj`, ...) names, if this
+    /// layer has it.
+    pub(crate) fn adaptable_mut(&mut self, module: &str) -> Option<&mut super::linear::Linear> {
+        let a = &mut self.attention;
+        Some(match module {
+            "self_attn.q_proj" => &mut a.q_proj,
+            "self_attn.k_proj" => &mut a.k_proj,
+            "self_attn.v_proj" => a.v_proj.as_mut()?,
+            "self_attn.o_proj" => &mut a.o_proj,
+            "mlp.gate_proj" => &mut self.mlp.gate_proj,
+            "mlp.up_proj" => &mut self.mlp.up_proj,
+            "mlp.down_proj" => &mut self.mlp.down_proj,
+            _ => return None,
+        })
+    }
+
     fn norm(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
         let mut out = vec![0.0f32; x.len()];
         ops::rms_norm_rows(x, weight.len(), Some(weight), self.eps, &mut out);

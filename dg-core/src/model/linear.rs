@@ -6,6 +6,7 @@ use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
 use crate::checkpoint::{Buf, Checkpoint};
 use crate::config::{QuantEntry, QuantizationConfig};
 use crate::error::CoreError;
+use crate::lora::LoraFactors;
 
 /// How one module is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +104,14 @@ pub struct Linear {
     /// Input features (columns of `W`).
     pub in_dim: usize,
     weights: Weights,
+    lora: Option<MountedLora>,
+}
+
+/// A LoRA adapter's factors on one layer and the factor on their product.
+#[derive(Clone, Debug)]
+struct MountedLora {
+    factors: LoraFactors,
+    scale: f32,
 }
 
 #[derive(Clone, Debug)]
@@ -138,6 +147,7 @@ impl Linear {
             out_dim,
             in_dim,
             weights,
+            lora: None,
         })
     }
 
@@ -173,7 +183,7 @@ impl Linear {
         }
     }
 
-    /// `x [m, in] @ W^T -> [m, out]`.
+    /// `x [m, in] @ W^T -> [m, out]`, plus the mounted adapter's `scale * (x @ A) @ B`.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
         let mut out = vec![0.0f32; m * self.out_dim];
         match &self.weights {
@@ -183,7 +193,65 @@ impl Linear {
             Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, &mut out),
         }
         .map_err(|e| self.quant_err(e))?;
+        if let Some(lora) = &self.lora {
+            self.add_lora(lora, x, m, &mut out)?;
+        }
         Ok(out)
+    }
+
+    /// `out += scale * (x @ A) @ B`, in the reference's order: the two products, the scale on
+    /// their result, then the sum.
+    fn add_lora(
+        &self,
+        lora: &MountedLora,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), CoreError> {
+        let f = &lora.factors;
+        let mut xa = vec![0.0f32; m * f.rank];
+        dg_quant::matmul_f32(x, &f.a, m, self.in_dim, f.rank, false, &mut xa)
+            .map_err(|e| self.quant_err(e))?;
+        let mut z = vec![0.0f32; m * self.out_dim];
+        dg_quant::matmul_f32(&xa, &f.b, m, f.rank, self.out_dim, false, &mut z)
+            .map_err(|e| self.quant_err(e))?;
+        for (o, z) in out.iter_mut().zip(&z) {
+            *o += lora.scale * z;
+        }
+        Ok(())
+    }
+
+    /// Checks that `factors` fit this layer (`[in, rank]` and `[rank, out]`).
+    pub(crate) fn check_lora(&self, factors: &LoraFactors) -> Result<(), String> {
+        let rank = factors.rank;
+        if factors.in_dim != self.in_dim
+            || factors.out_dim != self.out_dim
+            || factors.a.len() != self.in_dim * rank
+            || factors.b.len() != rank * self.out_dim
+        {
+            return Err(format!(
+                "{}: lora_a {:?} and lora_b {:?} do not fit the layer's {} inputs and {} outputs \
+                 (expected [{}, {rank}] and [{rank}, {}])",
+                self.name,
+                [factors.in_dim, rank],
+                [rank, factors.out_dim],
+                self.in_dim,
+                self.out_dim,
+                self.in_dim,
+                self.out_dim
+            ));
+        }
+        Ok(())
+    }
+
+    /// Mounts (or, with `None`, removes) an adapter's factors; checked by [`Self::check_lora`].
+    pub(crate) fn set_lora(&mut self, lora: Option<(LoraFactors, f32)>) {
+        self.lora = lora.map(|(factors, scale)| MountedLora { factors, scale });
+    }
+
+    /// Whether an adapter is mounted on this layer.
+    pub fn has_lora(&self) -> bool {
+        self.lora.is_some()
     }
 
     /// `x [m, out] @ W -> [m, in]` (the soft-embedding product `probs @ embed`).

@@ -18,6 +18,7 @@ use dg_quant::ops;
 
 use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
+use crate::lora::{split_module_path, Adapter, DEFAULT_LORA_KEYS};
 use attention::AttentionMask;
 use batch::Segments;
 use cache::{KvCache, LayerCache};
@@ -87,6 +88,52 @@ impl TextModel {
     /// Hidden size.
     pub fn hidden_size(&self) -> usize {
         self.config.text.hidden_size
+    }
+
+    /// Mounts `adapter` on its layers, replacing the one mounted before. Every factor is checked
+    /// against its layer first: on an error the model is unchanged.
+    pub fn mount_adapter(&mut self, adapter: &Adapter) -> Result<(), CoreError> {
+        let bad = |reason: String| CoreError::Adapter {
+            path: adapter.source.clone().unwrap_or_default(),
+            reason,
+        };
+        let layers = self.layers.len();
+        let mut placed = Vec::with_capacity(adapter.factors.len());
+        for (path, factors) in &adapter.factors {
+            let (i, module) =
+                split_module_path(path).ok_or_else(|| bad(format!("{path}: matches no layer")))?;
+            let layer = self.layers.get_mut(i).ok_or_else(|| {
+                bad(format!(
+                    "{path}: matches no layer (the model has {layers} layers)"
+                ))
+            })?;
+            let linear = layer.adaptable_mut(module).ok_or_else(|| {
+                bad(format!(
+                    "{path}: matches no layer (layer {i} has no {module}; full-attention layers \
+                     have no v_proj)"
+                ))
+            })?;
+            linear.check_lora(factors).map_err(bad)?;
+            placed.push((i, module, factors));
+        }
+        self.unmount_adapter();
+        for (i, module, factors) in placed {
+            if let Some(linear) = self.layers[i].adaptable_mut(module) {
+                linear.set_lora(Some((factors.clone(), adapter.scale())));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the mounted adapter, if any: the base model again.
+    pub fn unmount_adapter(&mut self) {
+        for layer in &mut self.layers {
+            for module in DEFAULT_LORA_KEYS {
+                if let Some(linear) = layer.adaptable_mut(module) {
+                    linear.set_lora(None);
+                }
+            }
+        }
     }
 
     /// An empty cache for a new sequence.
