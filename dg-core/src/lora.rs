@@ -258,6 +258,9 @@ fn read_config(path: &Path) -> Result<AdapterConfig, CoreError> {
     Ok(config)
 }
 
+/// One stored factor: its shape and values.
+type Factor = (Vec<usize>, Vec<f32>);
+
 fn read_factors(
     path: &Path,
     params: &LoraParameters,
@@ -276,13 +279,7 @@ fn read_factors(
     let file = MappedFile::open(path)?;
     let st = SafeTensors::deserialize(file.bytes())
         .map_err(|e| bad(format!("truncated or corrupt safetensors file: {e}")))?;
-    let mut halves: BTreeMap<
-        String,
-        (
-            Option<(Vec<usize>, Vec<f32>)>,
-            Option<(Vec<usize>, Vec<f32>)>,
-        ),
-    > = BTreeMap::new();
+    let mut halves: BTreeMap<String, [Option<Factor>; 2]> = BTreeMap::new();
     for (name, view) in st.tensors() {
         let (module_path, is_a) = if let Some(p) = name.strip_suffix(".lora_a") {
             (p, true)
@@ -324,14 +321,10 @@ fn read_factors(
             ))
         })?;
         let slot = halves.entry(module_path.to_owned()).or_default();
-        if is_a {
-            slot.0 = Some((shape, data));
-        } else {
-            slot.1 = Some((shape, data));
-        }
+        slot[usize::from(!is_a)] = Some((shape, data));
     }
     let mut factors = BTreeMap::new();
-    for (module_path, (a, b)) in halves {
+    for (module_path, [a, b]) in halves {
         let (Some((a_shape, a)), Some((b_shape, b))) = (a, b) else {
             return Err(bad(format!(
                 "{module_path}: has only one of lora_a and lora_b"

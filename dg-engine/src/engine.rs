@@ -5,6 +5,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dg_core::lora::{Adapter, AdapterConfig};
 use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
 use dg_tokenize::{ChatTemplate, ImageTokenIds, RenderOptions, Tokenizer};
 
@@ -28,6 +29,7 @@ pub struct LoadBuilder<'a> {
     threads: Option<usize>,
     max_context: usize,
     progress: Option<ProgressFn<'a>>,
+    adapter: Option<PathBuf>,
 }
 
 impl<'a> LoadBuilder<'a> {
@@ -43,6 +45,14 @@ impl<'a> LoadBuilder<'a> {
     /// serves from.
     pub fn max_context(mut self, tokens: usize) -> Self {
         self.max_context = tokens;
+        self
+    }
+
+    /// Mounts the LoRA adapter in `dir` (`adapter_config.json` + `adapters.safetensors`, as
+    /// the reference's trainer and dg's write them) once the model is loaded; see
+    /// [`DiffusionGemma::mount_adapter`].
+    pub fn adapter(mut self, dir: impl AsRef<Path>) -> Self {
+        self.adapter = Some(dir.as_ref().to_owned());
         self
     }
 
@@ -92,11 +102,19 @@ impl<'a> LoadBuilder<'a> {
         let ck =
             Checkpoint::open(&dir, dg_core::model::sanitize_options(&config)).map_err(model_err)?;
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| true));
-        let model =
+        let mut model =
             TextModel::from_checkpoint(&ck, config, &mut *progress).map_err(|e| match e {
                 dg_core::CoreError::Cancelled => EngineError::Cancelled,
                 other => model_err(other),
             })?;
+        let adapter = match &self.adapter {
+            Some(dir) => {
+                let adapter = Adapter::load(dir)?;
+                model.mount_adapter(&adapter)?;
+                Some(MountedAdapter::of(adapter))
+            }
+            None => None,
+        };
         // The reference's EOS set: the tokenizer's EOS, then config.json's `eos_token_id`.
         let mut eos: Vec<u32> = tokenizer.eos_token_id().into_iter().collect();
         eos.extend(model.config().eos_ids());
@@ -115,6 +133,7 @@ impl<'a> LoadBuilder<'a> {
             checkpoint_settings,
             reference_settings,
             max_context: self.max_context,
+            adapter,
         })
     }
 }
@@ -202,6 +221,23 @@ pub struct DiffusionGemma {
     checkpoint_settings: GenerationSettings,
     reference_settings: GenerationSettings,
     max_context: usize,
+    adapter: Option<MountedAdapter>,
+}
+
+/// What is kept of a mounted adapter: its configuration and where it came from.
+#[derive(Clone, Debug)]
+struct MountedAdapter {
+    config: AdapterConfig,
+    source: Option<PathBuf>,
+}
+
+impl MountedAdapter {
+    fn of(adapter: Adapter) -> Self {
+        MountedAdapter {
+            config: adapter.config,
+            source: adapter.source,
+        }
+    }
 }
 
 impl std::fmt::Debug for DiffusionGemma {
@@ -246,7 +282,46 @@ impl DiffusionGemma {
             threads: None,
             max_context: DEFAULT_MAX_CONTEXT,
             progress: None,
+            adapter: None,
         }
+    }
+
+    /// Mounts a LoRA adapter on the attention and dense-MLP projections, replacing the one
+    /// mounted before; it acts in every encoder and decoder pass, batched or not. The adapter
+    /// is checked against the model first: on an error nothing changes. The base weights are
+    /// untouched, so [`unmount_adapter`](Self::unmount_adapter) gives the base model back
+    /// without reloading.
+    ///
+    /// ```
+    /// use dg_engine::{Adapter, DiffusionGemma, Request};
+    ///
+    /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny");
+    /// # let adapter_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/adapters/tiny-random");
+    /// let mut model = DiffusionGemma::load(dir)?;
+    /// model.mount_adapter(Adapter::load(adapter_dir.as_ref())?)?;
+    /// let tuned = model.generate(&Request::text("Hi").max_tokens(8))?;
+    /// model.unmount_adapter();
+    /// let base = model.generate(&Request::text("Hi").max_tokens(8))?;
+    /// # let _ = (tuned, base);
+    /// # Ok::<(), dg_engine::EngineError>(())
+    /// ```
+    pub fn mount_adapter(&mut self, adapter: Adapter) -> Result<()> {
+        self.model.mount_adapter(&adapter)?;
+        self.adapter = Some(MountedAdapter::of(adapter));
+        Ok(())
+    }
+
+    /// Removes the mounted adapter, if any: generation is the base model's again.
+    pub fn unmount_adapter(&mut self) {
+        self.model.unmount_adapter();
+        self.adapter = None;
+    }
+
+    /// The mounted adapter's configuration and directory, if one is mounted.
+    pub fn adapter(&self) -> Option<(&AdapterConfig, Option<&Path>)> {
+        self.adapter
+            .as_ref()
+            .map(|a| (&a.config, a.source.as_deref()))
     }
 
     /// The text model (for research: prefill, single decoder passes).

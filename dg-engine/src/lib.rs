@@ -51,6 +51,7 @@ mod scheduler;
 mod settings;
 mod stop;
 
+pub use dg_core::lora::{Adapter, AdapterConfig, LoraParameters};
 /// Random-weight checkpoints in the exact real format (feature `synthetic`): the model runs
 /// on them end to end, its output is noise.
 ///

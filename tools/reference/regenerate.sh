@@ -21,6 +21,7 @@ fi
 ordered=(
     make_checkpoints.py          # tests/fixtures/models/tiny, tiny-sharded
     make_vision_checkpoints.py   # tests/fixtures/models/tiny-vision*, tests/fixtures/images
+    make_lora_adapters.py        # tests/fixtures/adapters (trained by the reference, patched)
     dump_rng_goldens.py
     dump_sampler_goldens.py
     dump_quant_goldens.py

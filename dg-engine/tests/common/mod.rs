@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use dg_engine::rng::Key;
-use dg_engine::{Defaults, GenerationSettings, Message, Request, Sampler};
+use dg_engine::{
+    Defaults, Event, FinishReason, Generation, GenerationSettings, Message, Request, Sampler,
+};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -168,4 +170,82 @@ pub fn golden_request(case: &Value) -> Request {
         None => Defaults::Reference,
     };
     r
+}
+
+/// What a streamed generation showed: block 1's per-step revealed masks, and (block, steps)
+/// of each block end.
+#[derive(Default)]
+pub struct Seen {
+    accepts: Vec<Vec<bool>>,
+    blocks: Vec<(usize, usize)>,
+}
+
+impl Seen {
+    pub fn record(&mut self, e: Event) {
+        match e {
+            Event::Draft {
+                block: 1, revealed, ..
+            } => self.accepts.push(revealed),
+            Event::BlockEnd { block, steps, .. } => self.blocks.push((block, steps)),
+            _ => {}
+        }
+    }
+}
+
+/// Compares one generation with its golden case exactly.
+pub fn check_generation(case: &Value, gen: &Generation, seen: &Seen) {
+    let name = case["name"].as_str().unwrap();
+    let req = golden_request(case);
+    let out = &case["outputs"];
+    assert_eq!(
+        gen.token_ids,
+        ids(&out["emitted_ids"]),
+        "{name}: emitted ids"
+    );
+    let finish = match out["finish_reason"].as_str().unwrap() {
+        "stop" => FinishReason::Stop,
+        "length" => FinishReason::Length,
+        other => panic!("{other}"),
+    };
+    assert_eq!(gen.finish_reason, finish, "{name}: finish reason");
+    assert_eq!(
+        gen.stats.generated_tokens as u64,
+        out["generation_tokens"].as_u64().unwrap(),
+        "{name}: generation tokens"
+    );
+    let blocks = out["blocks"].as_array().unwrap();
+    let steps: Vec<usize> = blocks
+        .iter()
+        .map(|b| b["steps"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(gen.stats.steps_per_block, steps, "{name}: steps per block");
+    assert_eq!(gen.stats.canvases, blocks.len(), "{name}: canvases");
+    assert_eq!(
+        gen.stats.canvas_tokens as u64,
+        out["canvas_tokens"].as_u64().unwrap(),
+        "{name}: canvas tokens"
+    );
+    assert_eq!(seen.blocks.len(), blocks.len(), "{name}: block events");
+
+    // Per-step accept masks (block 1), when recorded.
+    if let Some(per_step) = blocks[0].get("per_step").and_then(Value::as_array) {
+        let confidence = matches!(req.sampler, Sampler::ConfidenceThreshold { .. });
+        let mut revealed = vec![false; per_step[0]["canvas_in"].as_array().unwrap().len()];
+        let mut step_masks = Vec::new();
+        for s in per_step
+            .iter()
+            .filter_map(|s| s.get("accept").and_then(Value::as_str))
+        {
+            let accept: Vec<bool> = s.chars().map(|c| c == '1').collect();
+            if confidence {
+                for (r, a) in revealed.iter_mut().zip(&accept) {
+                    *r |= a;
+                }
+                step_masks.push(revealed.clone());
+            } else {
+                step_masks.push(accept);
+            }
+        }
+        assert_eq!(seen.accepts, step_masks, "{name}: per-step accept masks");
+    }
 }
