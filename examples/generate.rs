@@ -92,6 +92,10 @@ struct Args {
     /// Worker threads (default: physical cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// LoRA adapter directory (adapter_config.json + adapters.safetensors, as the reference's
+    /// trainer or examples/train_lora.rs write it), mounted on the model.
+    #[arg(short, long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
     /// Use the reference's generation defaults (mlx-optiq ignores generation_config.json).
     #[arg(long)]
     reference_defaults: bool,
@@ -182,6 +186,9 @@ fn run(args: &Args) -> Result<i32> {
     });
     if let Some(threads) = args.threads {
         builder = builder.threads(threads);
+    }
+    if let Some(adapter) = &args.adapter {
+        builder = builder.adapter(adapter);
     }
     let model = builder
         .load()

@@ -41,6 +41,10 @@ struct Args {
     /// Worker threads of the numeric kernels (default: physical cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// LoRA adapter directory (adapter_config.json + adapters.safetensors), mounted on the
+    /// model for every request.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
     /// Most tokens one request may hold, prompt plus max_tokens (longer ones get a 400).
     #[arg(long, default_value_t = dg_engine::DEFAULT_MAX_CONTEXT)]
     max_context: usize,
@@ -145,6 +149,7 @@ async fn main() -> Result<()> {
     {
         let server = server.clone();
         let (threads, max_context) = (args.threads, args.max_context);
+        let adapter = args.adapter.clone();
         std::thread::spawn(move || {
             let load = || -> Result<()> {
                 let started = std::time::Instant::now();
@@ -158,6 +163,9 @@ async fn main() -> Result<()> {
                 let mut builder = DiffusionGemma::builder(&dir).max_context(max_context);
                 if let Some(threads) = threads {
                     builder = builder.threads(threads);
+                }
+                if let Some(adapter) = &adapter {
+                    builder = builder.adapter(adapter);
                 }
                 let model = builder
                     .load()
