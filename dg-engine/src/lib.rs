@@ -50,6 +50,7 @@ pub mod sampler;
 mod scheduler;
 mod settings;
 mod stop;
+pub mod train;
 
 pub use dg_core::lora::{Adapter, AdapterConfig, LoraParameters};
 /// Random-weight checkpoints in the exact real format (feature `synthetic`): the model runs
