@@ -359,6 +359,9 @@ impl DiffusionGemma {
         let ids = match prompt {
             Prompt::Tokens(ids) => ids.clone(),
             // The reference encodes raw text with `add_special_tokens=True`.
+            Prompt::Text(text) if chat.literal_special_tokens => {
+                self.tokenizer.encode_literal(text, true)?
+            }
             Prompt::Text(text) => self.tokenizer.encode(text, true)?,
             Prompt::Chat(messages) => {
                 let template =
@@ -377,8 +380,13 @@ impl DiffusionGemma {
                     tools: chat.tools.clone(),
                     extra: chat.vars.clone(),
                 };
-                let text = template.render(messages, &options)?;
-                self.tokenizer.encode(&text, false)?
+                match chat.literal_special_tokens {
+                    true => {
+                        self.tokenizer
+                            .apply_chat_template_literal(template, messages, &options)?
+                    }
+                    false => self.tokenizer.apply_chat_template(template, messages, &options)?,
+                }
             }
         };
         if ids.is_empty() {

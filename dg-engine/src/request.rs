@@ -43,7 +43,8 @@ impl Default for Sampler {
     }
 }
 
-/// Chat-template options: what `apply_chat_template` takes besides the messages.
+/// Chat-template options: what `apply_chat_template` takes besides the messages, and how the
+/// user's text is tokenized.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct ChatOptions {
@@ -53,6 +54,13 @@ pub struct ChatOptions {
     pub enable_thinking: Option<bool>,
     /// Other template variables.
     pub vars: serde_json::Map<String, serde_json::Value>,
+    /// Tokenize special-token strings in the user's text (`<eos>`, `<|image|>`, turn markers)
+    /// as plain text: in a chat prompt, every string the messages carry (the template's own
+    /// markers stay control tokens); in a raw-text prompt, the whole text. Default `false`: the
+    /// reference's and Hugging Face's behaviour, where such a string is the control token.
+    /// Images then need image parts ([`ContentPart::image`](dg_tokenize::ContentPart::image)):
+    /// a typed `<|image|>` (as in [`Request::with_images`]) stays text.
+    pub literal_special_tokens: bool,
 }
 
 /// Where generation defaults (steps, schedule, entropy bound, stop rule, extra EOS ids) come
@@ -251,6 +259,15 @@ impl Request {
     /// Turns the template's thinking on or off (`enable_thinking`).
     pub fn thinking(mut self, on: bool) -> Self {
         self.chat.enable_thinking = Some(on);
+        self
+    }
+
+    /// Keeps special-token strings typed in the prompt's text as text
+    /// ([`ChatOptions::literal_special_tokens`]); off by default, as in the reference. Turn it
+    /// on when the text comes from people who should not be able to end a turn or place an
+    /// image by typing its marker.
+    pub fn literal_special_tokens(mut self, on: bool) -> Self {
+        self.chat.literal_special_tokens = on;
         self
     }
 

@@ -35,6 +35,7 @@
 
 mod error;
 mod image;
+mod literal;
 mod message;
 mod pycompat;
 mod stream;

@@ -189,6 +189,13 @@ impl ChatTemplate {
         self.source_path.as_deref()
     }
 
+    /// The template's source text.
+    pub(crate) fn source(&self) -> String {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .map_or_else(|_| String::new(), |t| t.source().to_string())
+    }
+
     fn name(&self) -> String {
         self.source_path
             .as_ref()

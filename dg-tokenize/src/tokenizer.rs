@@ -15,12 +15,13 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Map, Value};
 use tokenizers::AddedToken;
 
 use crate::error::{Error, Result};
+use crate::literal::{pick_marker, Masker};
 use crate::stream::{DecoderKind, PieceTable, StreamDetokenizer};
 use crate::template::{ChatTemplate, RenderOptions};
 use crate::Message;
@@ -82,6 +83,8 @@ pub struct Tokenizer {
     model_is_bpe: bool,
     decoder_kind: DecoderKind,
     pieces: Arc<PieceTable>,
+    /// A copy with special-token matching off, made on first use of a literal encode.
+    plain: Arc<OnceLock<tokenizers::Tokenizer>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -321,6 +324,7 @@ impl Tokenizer {
             model_is_bpe,
             decoder_kind,
             pieces,
+            plain: Arc::new(OnceLock::new()),
         })
     }
 
@@ -345,6 +349,28 @@ impl Tokenizer {
                 message: e.to_string(),
             })?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Encodes text with special-token strings as plain text (`<eos>` becomes the tokens of the
+    /// characters `<`, `eos`, `>`), as Python `tokenizer.encode(text, add_special_tokens=...,
+    /// split_special_tokens=True)`.
+    pub fn encode_literal(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .plain()
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::Encode {
+                chars: text.chars().count(),
+                message: e.to_string(),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    fn plain(&self) -> &tokenizers::Tokenizer {
+        self.plain.get_or_init(|| {
+            let mut plain = (*self.inner).clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        })
     }
 
     /// Decodes ids to text, as Python `tokenizer.decode(ids, skip_special_tokens=...)`.
@@ -469,6 +495,43 @@ impl Tokenizer {
         let text = template.render(messages, options)?;
         self.encode(&text, false)
     }
+
+    /// [`apply_chat_template`](Self::apply_chat_template) with special-token strings inside the
+    /// messages kept as text: a user who types `<eos>` or `<|image|>` gets the tokens of those
+    /// characters, while the template's own markers (`<bos>`, turn markers, the generation
+    /// prompt) stay control tokens. Every string a message carries counts as its text (content,
+    /// text parts, tool calls, ...) except its role and part types. A conversation whose
+    /// messages hold no special-token string gets exactly the ids of `apply_chat_template`.
+    pub fn apply_chat_template_literal(
+        &self,
+        template: &ChatTemplate,
+        messages: &[Message],
+        options: &RenderOptions,
+    ) -> Result<Vec<u32>> {
+        // Every input the render can copy text from, so the marker is in none of them.
+        let inputs = [
+            template.source(),
+            json_text("messages", &messages)?,
+            json_text("tools", &options.tools)?,
+            json_text("template variables", &options.extra)?,
+            json_text("special tokens", template.special_tokens())?,
+        ];
+        let marker = pick_marker(inputs.iter().map(String::as_str))?;
+        let mut masker = Masker::new(&self.inner, &self.skipped_on_decode, marker);
+        let masked: Vec<Message> = messages.iter().map(|m| masker.message(m)).collect();
+        if !masker.masked_any() {
+            return self.apply_chat_template(template, messages, options);
+        }
+        let text = template.render(&masked, options)?;
+        masker.encode(self.plain(), &text)
+    }
+}
+
+fn json_text(what: &str, value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::Serialize {
+        what: what.into(),
+        message: e.to_string(),
+    })
 }
 
 /// transformers' `clean_up_tokenization` (only used for non-BPE models).
