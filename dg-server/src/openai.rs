@@ -45,6 +45,8 @@ struct ChatRequest {
     tools: Option<Vec<Value>>,
     #[serde(default)]
     logprobs: Option<bool>,
+    #[serde(default)]
+    top_logprobs: Option<u64>,
     #[serde(flatten)]
     diffusion: Diffusion,
 }
@@ -95,6 +97,57 @@ fn usage(g: &Generation) -> Value {
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     })
+}
+
+/// The tokenizer, to spell out tokens in log-probability reports.
+#[derive(Clone)]
+struct TokenText(std::sync::Arc<dg_engine::DiffusionGemma>);
+
+impl TokenText {
+    fn of(server: &Server) -> Option<Self> {
+        server.scheduler().map(|s| TokenText(s.model().clone()))
+    }
+
+    fn text(&self, id: u32) -> String {
+        self.0.tokenizer().decode(&[id], false).unwrap_or_default()
+    }
+}
+
+/// OpenAI's `logprobs` object of a choice (chat: `content[]`; completions: the legacy parallel
+/// arrays), or null when the request did not ask for it.
+fn logprobs_json(route: Route, tokens: Option<&TokenText>, g: &Generation) -> Value {
+    let (Some(tokens), Some(logprobs)) = (tokens, g.logprobs.as_ref()) else {
+        return Value::Null;
+    };
+    let texts: Vec<String> = g.token_ids.iter().map(|&id| tokens.text(id)).collect();
+    match route {
+        Route::Chat => json!({
+            "content": texts.iter().zip(logprobs).map(|(t, lp)| json!({
+                "token": t,
+                "logprob": lp,
+                "bytes": t.as_bytes(),
+                "top_logprobs": [],
+            })).collect::<Vec<_>>(),
+            "refusal": null,
+        }),
+        Route::Completion => {
+            let mut offset = 0;
+            let offsets: Vec<usize> = texts
+                .iter()
+                .map(|t| {
+                    let at = offset;
+                    offset += t.len();
+                    at
+                })
+                .collect();
+            json!({
+                "tokens": texts,
+                "token_logprobs": logprobs,
+                "top_logprobs": null,
+                "text_offset": offsets,
+            })
+        }
+    }
 }
 
 fn check_n(n: Option<u64>, param: &str) -> Result<(), ApiError> {
@@ -232,11 +285,25 @@ pub(crate) async fn chat(
         if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(params::unsupported("tools", "tool calling"));
         }
-        if req.logprobs == Some(true) {
-            return Err(params::unsupported("logprobs", "log probabilities"));
+        let logprobs = req.logprobs == Some(true);
+        match req.top_logprobs {
+            Some(k) if k > 0 && !logprobs => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ))
+            }
+            Some(k) if k > 0 => {
+                return Err(params::unsupported(
+                    "top_logprobs",
+                    "alternatives to the generated tokens (logprobs: true reports the \
+                     generated tokens' own log probabilities)",
+                ))
+            }
+            _ => {}
         }
         let (messages, images) = chat_messages(req.messages, server.options().max_image_bytes)?;
-        let mut request = Request::chat(messages);
+        let mut request = Request::chat(messages).logprobs(logprobs);
         request.images = images;
         let max_tokens = req.max_completion_tokens.or(req.max_tokens);
         let common = (max_tokens, req.temperature, req.seed, req.stop);
@@ -251,6 +318,7 @@ pub(crate) async fn chat(
     })();
     let frames = OpenAiFrames::new(&server, Route::Chat);
     let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
+    let tokens = TokenText::of(&server);
     generate::respond(
         &server,
         Endpoint::ChatCompletions,
@@ -265,7 +333,7 @@ pub(crate) async fn chat(
                 "choices": [{
                     "index": 0,
                     "message": { "role": "assistant", "content": g.text, "refusal": null },
-                    "logprobs": null,
+                    "logprobs": logprobs_json(Route::Chat, tokens.as_ref(), g),
                     "finish_reason": finish_reason(g.finish_reason),
                 }],
                 "usage": usage(g),
@@ -316,6 +384,7 @@ struct OpenAiFrames {
     created: u64,
     model: String,
     include_usage: bool,
+    tokens: Option<TokenText>,
 }
 
 impl OpenAiFrames {
@@ -329,6 +398,7 @@ impl OpenAiFrames {
             created: params::now(),
             model: server.options().model_name.clone(),
             include_usage: false,
+            tokens: TokenText::of(server),
         }
     }
 
@@ -383,7 +453,11 @@ impl Frames for OpenAiFrames {
 
     fn finish(&mut self, g: &Generation, out: &mut String) {
         let finish = Some(finish_reason(g.finish_reason));
-        data(out, &self.choice(json!({}), "", finish));
+        let mut last = self.choice(json!({}), "", finish);
+        // The text chunks follow the detokenizer, not token boundaries: the final chunk
+        // carries the log probabilities of every generated token.
+        last["choices"][0]["logprobs"] = logprobs_json(self.route, self.tokens.as_ref(), g);
+        data(out, &last);
         if self.include_usage {
             data(out, &self.chunk(json!([]), Some(usage(g))));
         }
@@ -432,33 +506,48 @@ pub(crate) async fn completions(
     State(server): State<Server>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let parsed = (|| {
-        let body = params::body(body)?;
-        let req: CompletionRequest = params::parse_json(&body)?;
-        check_n(req.n, "n")?;
-        check_n(req.best_of, "best_of")?;
-        if req.echo == Some(true) {
-            return Err(params::unsupported("echo", "echoing the prompt"));
-        }
-        if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-            return Err(params::unsupported("suffix", "a suffix"));
-        }
-        if req.logprobs.as_ref().is_some_and(|l| !l.is_null()) {
-            return Err(params::unsupported("logprobs", "log probabilities"));
-        }
-        let request = completion_prompt(req.prompt)?;
-        let common = (req.max_tokens, req.temperature, req.seed, req.stop);
-        parsed(
-            &server,
-            request,
-            common,
-            req.stream,
-            req.stream_options,
-            req.diffusion,
-        )
-    })();
+    let parsed =
+        (|| {
+            let body = params::body(body)?;
+            let req: CompletionRequest = params::parse_json(&body)?;
+            check_n(req.n, "n")?;
+            check_n(req.best_of, "best_of")?;
+            if req.echo == Some(true) {
+                return Err(params::unsupported("echo", "echoing the prompt"));
+            }
+            if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+                return Err(params::unsupported("suffix", "a suffix"));
+            }
+            // The legacy `logprobs: k` asks for the k most likely alternatives too: 0 is the
+            // generated tokens alone, which is what dg reports.
+            let logprobs =
+                match &req.logprobs {
+                    None | Some(Value::Null) => false,
+                    Some(v) if v.as_u64() == Some(0) => true,
+                    Some(v) if v.as_u64().is_some() => return Err(params::unsupported(
+                        "logprobs",
+                        "alternatives to the generated tokens (logprobs: 0 reports the generated \
+                     tokens' own log probabilities)",
+                    )),
+                    Some(_) => return Err(ApiError::invalid(
+                        "logprobs",
+                        "logprobs must be an integer (0: the generated tokens' log probabilities)",
+                    )),
+                };
+            let request = completion_prompt(req.prompt)?.logprobs(logprobs);
+            let common = (req.max_tokens, req.temperature, req.seed, req.stop);
+            parsed(
+                &server,
+                request,
+                common,
+                req.stream,
+                req.stream_options,
+                req.diffusion,
+            )
+        })();
     let frames = OpenAiFrames::new(&server, Route::Completion);
     let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
+    let tokens = TokenText::of(&server);
     generate::respond(
         &server,
         Endpoint::Completions,
@@ -473,7 +562,7 @@ pub(crate) async fn completions(
                 "choices": [{
                     "index": 0,
                     "text": g.text,
-                    "logprobs": null,
+                    "logprobs": logprobs_json(Route::Completion, tokens.as_ref(), g),
                     "finish_reason": finish_reason(g.finish_reason),
                 }],
                 "usage": usage(g),

@@ -598,6 +598,27 @@ fn bad_requests_are_named_4xx_never_500() {
     check_error(&s, chat, b"[1, 2]", 400, None);
     check_error(&s, chat, b"", 400, None);
     check_error(&s, chat, b"{}", 400, Some("messages"));
+    // Alternatives per token are not reported; the generated tokens' own are (see below).
+    let top = with(json!({"logprobs": true, "top_logprobs": 3}));
+    check_error(&s, chat, &top, 400, Some("top_logprobs"));
+    let top_alone = with(json!({"top_logprobs": 2}));
+    check_error(&s, chat, &top_alone, 400, Some("top_logprobs"));
+    let legacy = json!({"prompt": "Hi", "max_tokens": 4, "logprobs": 5}).to_string();
+    check_error(
+        &s,
+        "/v1/completions",
+        legacy.as_bytes(),
+        400,
+        Some("logprobs"),
+    );
+    let legacy_bad = json!({"prompt": "Hi", "max_tokens": 4, "logprobs": "x"}).to_string();
+    check_error(
+        &s,
+        "/v1/completions",
+        legacy_bad.as_bytes(),
+        400,
+        Some("logprobs"),
+    );
     check_error(
         &s,
         chat,
@@ -911,5 +932,86 @@ fn images_as_data_urls_on_a_vision_checkpoint() {
         )),
     );
     assert_eq!(r.status, 400, "{}", r.text());
+    s.stop().unwrap();
+}
+
+/// `logprobs`: the generated tokens' log probabilities, the library's numbers, in OpenAI's two
+/// layouts (chat `content[]`, completions' parallel arrays), streamed in the final chunk.
+#[test]
+fn logprobs_are_the_generated_tokens_own() {
+    let model = tiny();
+    let s = start(&model);
+    let request = Request::chat(vec![Message::user("Why is the sky blue?")])
+        .max_tokens(24)
+        .seed(2)
+        .temperature(0.7)
+        .logprobs(true);
+    let g = model.generate(&request).unwrap();
+    let want = g.logprobs.clone().unwrap();
+    assert_eq!(want.len(), g.token_ids.len());
+    assert!(!want.is_empty() && want.iter().all(|&lp| lp <= 0.0 && lp.is_finite()));
+    let spelled: Vec<String> = g
+        .token_ids
+        .iter()
+        .map(|&id| model.tokenizer().decode(&[id], false).unwrap())
+        .collect();
+
+    let body = json!({
+        "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+        "max_tokens": 24, "seed": 2, "temperature": 0.7, "logprobs": true,
+    });
+    let v = s.post("/v1/chat/completions", &body).json();
+    assert_eq!(chat_text(&v), g.text);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let got: Vec<f32> = content
+        .iter()
+        .map(|c| c["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(got, want);
+    let tokens: Vec<&str> = content
+        .iter()
+        .map(|c| c["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, spelled);
+    assert_eq!(content[0]["top_logprobs"], json!([]));
+
+    // Streamed: the same numbers on the finish chunk; none on the content chunks.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let chunks = openai_chunks(&s.post("/v1/chat/completions", &streamed));
+    let finish = chunks
+        .iter()
+        .find(|c| !c["choices"][0]["finish_reason"].is_null())
+        .unwrap();
+    assert_eq!(finish["choices"][0]["logprobs"]["content"], json!(content));
+    let with_content = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["content"].is_string())
+        .count();
+    assert!(with_content > 1);
+
+    // Not asked: null.
+    let mut plain = body.clone();
+    plain["logprobs"] = json!(false);
+    assert!(s.post("/v1/chat/completions", &plain).json()["choices"][0]["logprobs"].is_null());
+
+    // Completions: `logprobs: 0` is the generated tokens alone.
+    let request = Request::text("Once upon a time")
+        .max_tokens(16)
+        .seed(1)
+        .logprobs(true);
+    let g = model.generate(&request).unwrap();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 16, "seed": 1, "logprobs": 0});
+    let lp = &s.post("/v1/completions", &body).json()["choices"][0]["logprobs"];
+    let got: Vec<f32> = lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(got, g.logprobs.unwrap());
+    let offsets = lp["text_offset"].as_array().unwrap();
+    assert_eq!(offsets.len(), got.len());
+    assert_eq!(offsets[0], 0);
     s.stop().unwrap();
 }

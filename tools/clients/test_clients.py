@@ -117,6 +117,25 @@ def diffusion_options_and_drafts(c: Ctx):
 
 
 @check
+def logprobs(c: Ctx):
+    kwargs = dict(model=c.model, messages=user("Why is the sky blue?"), max_tokens=24, seed=6,
+                  temperature=0.7)
+    r = c.oa.chat.completions.create(**kwargs, logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert content and all(t.logprob <= 0.0 and t.top_logprobs == [] for t in content), content
+    assert len(content) == r.usage.completion_tokens or len(content) == r.usage.completion_tokens - 1
+    chunks = list(c.oa.chat.completions.create(**kwargs, logprobs=True, stream=True))
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.content]
+    assert [t.logprob for t in streamed] == [t.logprob for t in content]
+    assert c.oa.chat.completions.create(**kwargs).choices[0].logprobs is None
+    done = c.oa.completions.create(model=c.model, prompt="Once upon a time", max_tokens=16,
+                                   seed=1, logprobs=0)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) > 0, lp
+
+
+@check
 def completions(c: Ctx):
     kwargs = dict(model=c.model, prompt="Once upon a time", max_tokens=24, seed=4)
     r = c.oa.completions.create(**kwargs)
