@@ -157,3 +157,59 @@ fn generation_config_numbers_are_refused() {
     });
     refused(&dir, "generation_config.json", &["t_max"]);
 }
+
+#[test]
+fn generation_config_eos_ids_outside_the_vocab_are_refused() {
+    let dir = generation(|v| v["eos_token_id"] = serde_json::json!([1, 600]));
+    refused(
+        &dir,
+        "generation_config.json",
+        &["eos_token_id", "600", "vocab_size 512"],
+    );
+    // The generation_config embedded in config.json (what `Defaults::Reference` uses).
+    let dir = config(|v| v["generation_config"] = serde_json::json!({"eos_token_id": 512}));
+    let err = DiffusionGemma::load(dir.path()).unwrap_err();
+    let path = dir.path().join("config.json");
+    assert!(
+        matches!(&err, EngineError::File { path: p, .. } if *p == path),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("generation_config.eos_token_id: token id 512"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_tokenizer_with_ids_past_the_model_vocab_is_refused() {
+    // An added token past the model's 512 embedding rows (tokenizers numbers it 512).
+    let dir = edited("tiny", "tokenizer.json", |v| {
+        v["added_tokens"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "id": 700, "content": "<extra>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            }))
+    });
+    let err = DiffusionGemma::load(dir.path()).unwrap_err();
+    let path = dir.path().join("tokenizer.json");
+    assert!(
+        matches!(&err, EngineError::File { path: p, .. } if *p == path),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    for needle in ["ids reach 512", "text_config.vocab_size is 512"] {
+        assert!(msg.contains(needle), "{needle:?} not in {msg}");
+    }
+    // A model vocabulary larger than the tokenizer's (a padded embedding) is fine: the
+    // unedited fixture's tokenizer has 512 ids for 512 rows, a smaller one loads as well.
+    let dir = edited("tiny", "tokenizer.json", |v| {
+        v["added_tokens"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|t| t["id"].as_u64() < Some(500));
+    });
+    DiffusionGemma::load(dir.path()).unwrap();
+}

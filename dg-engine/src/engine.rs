@@ -93,6 +93,13 @@ impl<'a> LoadBuilder<'a> {
         };
         let checkpoint_settings = read_generation_config(&dir)?;
         let reference_settings = GenerationSettings::resolve(config.generation_config.as_ref())?;
+        check_token_ids(
+            &dir,
+            &config,
+            &tokenizer,
+            &checkpoint_settings,
+            &reference_settings,
+        )?;
         #[cfg(feature = "vision")]
         let vision = if config.vision_config.is_some() {
             Some(dg_vision::VisionModel::load(&dir)?)
@@ -181,6 +188,52 @@ fn check_checkpoint_dir(dir: &Path) -> Result<()> {
 fn has_chat_template(dir: &Path) -> bool {
     dir.join("chat_template.jinja").is_file()
         || std::fs::read_to_string(dir.join("tokenizer_config.json"))
+/// Refuses, at load, ids the model has no embedding row for: a tokenizer whose ids reach past
+/// `text_config.vocab_size` (a smaller embedding would fail part-way through a generate; a
+/// larger, padded one is fine) and generation-config EOS ids past it. config.json's own ids are
+/// checked by its validation.
+fn check_token_ids(
+    dir: &Path,
+    config: &ModelConfig,
+    tokenizer: &Tokenizer,
+    checkpoint: &GenerationSettings,
+    reference: &GenerationSettings,
+) -> Result<()> {
+    let vocab = config.text.vocab_size;
+    if tokenizer.id_count() > vocab {
+        return Err(EngineError::File {
+            path: tokenizer.path().to_path_buf(),
+            reason: format!(
+                "its token ids reach {} ({} ids) but config.json's text_config.vocab_size is \
+                 {vocab}: the tokenizer does not belong to this model",
+                tokenizer.id_count() - 1,
+                tokenizer.id_count()
+            ),
+        });
+    }
+    let sources = [
+        (
+            dir.join("generation_config.json"),
+            "eos_token_id",
+            checkpoint,
+        ),
+        (
+            dir.join("config.json"),
+            "generation_config.eos_token_id",
+            reference,
+        ),
+    ];
+    for (path, field, settings) in sources {
+        if let Some(id) = settings.extra_eos.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::File {
+                path,
+                reason: format!("{field}: token id {id} is outside text_config.vocab_size {vocab}"),
+            });
+        }
+    }
+    Ok(())
+}
+
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .is_some_and(|v| v.get("chat_template").is_some_and(|c| !c.is_null()))
@@ -381,11 +434,12 @@ impl DiffusionGemma {
                     extra: chat.vars.clone(),
                 };
                 match chat.literal_special_tokens {
-                    true => {
-                        self.tokenizer
-                            .apply_chat_template_literal(template, messages, &options)?
-                    }
-                    false => self.tokenizer.apply_chat_template(template, messages, &options)?,
+                    true => self
+                        .tokenizer
+                        .apply_chat_template_literal(template, messages, &options)?,
+                    false => self
+                        .tokenizer
+                        .apply_chat_template(template, messages, &options)?,
                 }
             }
         };

@@ -98,6 +98,11 @@ impl PieceTable {
         Ok(PieceTable { pieces, bytes })
     }
 
+    /// One past the largest id.
+    pub(crate) fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
     /// Whether `id` names a token.
     pub(crate) fn contains(&self, id: u32) -> bool {
         self.pieces.get(id as usize).is_some_and(Option::is_some)
