@@ -138,12 +138,12 @@ impl<'a> Masker<'a> {
         };
         let pieces: Vec<&str> = text.split(self.marker).collect();
         // Placeholders come in pairs of markers: an even number of pieces means one was cut.
-        if pieces.len() % 2 == 0 {
+        if pieces.len().is_multiple_of(2) {
             return Err(broken());
         }
         let mut out = String::with_capacity(text.len());
         for (i, piece) in pieces.into_iter().enumerate() {
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 out.push_str(piece);
             } else {
                 let index: usize = piece.parse().map_err(|_| broken())?;
