@@ -183,11 +183,6 @@ fn check_checkpoint_dir(dir: &Path) -> Result<()> {
     })
 }
 
-/// Whether the checkpoint ships a chat template (`chat_template.jinja` or a `chat_template`
-/// field in tokenizer_config.json), as transformers looks for one.
-fn has_chat_template(dir: &Path) -> bool {
-    dir.join("chat_template.jinja").is_file()
-        || std::fs::read_to_string(dir.join("tokenizer_config.json"))
 /// Refuses, at load, ids the model has no embedding row for: a tokenizer whose ids reach past
 /// `text_config.vocab_size` (a smaller embedding would fail part-way through a generate; a
 /// larger, padded one is fine) and generation-config EOS ids past it. config.json's own ids are
@@ -234,6 +229,11 @@ fn check_token_ids(
     Ok(())
 }
 
+/// Whether the checkpoint ships a chat template (`chat_template.jinja` or a `chat_template`
+/// field in tokenizer_config.json), as transformers looks for one.
+fn has_chat_template(dir: &Path) -> bool {
+    dir.join("chat_template.jinja").is_file()
+        || std::fs::read_to_string(dir.join("tokenizer_config.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .is_some_and(|v| v.get("chat_template").is_some_and(|c| !c.is_null()))

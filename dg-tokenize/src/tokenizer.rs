@@ -400,12 +400,12 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
     /// One past the largest id the tokenizer can produce: a model needs at least this many
     /// embedding rows (it may have more, padded).
     pub fn id_count(&self) -> usize {
         self.pieces.len()
     }
-
 
     /// The id of a token string (added or in the model vocab).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
