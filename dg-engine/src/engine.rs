@@ -28,6 +28,8 @@ pub struct LoadBuilder<'a> {
     dir: PathBuf,
     threads: Option<usize>,
     max_context: usize,
+    #[cfg(feature = "vision")]
+    image_limits: dg_vision::DecodeLimits,
     progress: Option<ProgressFn<'a>>,
     adapter: Option<PathBuf>,
 }
@@ -45,6 +47,16 @@ impl<'a> LoadBuilder<'a> {
     /// serves from.
     pub fn max_context(mut self, tokens: usize) -> Self {
         self.max_context = tokens;
+        self
+    }
+
+    /// Limits on each request image: encoded bytes, width, height, pixels, decoder memory
+    /// (default [`DecodeLimits::default`](crate::DecodeLimits::default): 128 MiB encoded,
+    /// Pillow's 178,956,970-pixel bomb threshold, 1 GiB of decoder memory). An image over one
+    /// is refused before its pixels are decoded, with an error naming the limit.
+    #[cfg(feature = "vision")]
+    pub fn image_limits(mut self, limits: dg_vision::DecodeLimits) -> Self {
+        self.image_limits = limits;
         self
     }
 
@@ -140,6 +152,8 @@ impl<'a> LoadBuilder<'a> {
             checkpoint_settings,
             reference_settings,
             max_context: self.max_context,
+            #[cfg(feature = "vision")]
+            image_limits: self.image_limits,
             adapter,
         })
     }
@@ -274,6 +288,8 @@ pub struct DiffusionGemma {
     checkpoint_settings: GenerationSettings,
     reference_settings: GenerationSettings,
     max_context: usize,
+    #[cfg(feature = "vision")]
+    image_limits: dg_vision::DecodeLimits,
     adapter: Option<MountedAdapter>,
 }
 
@@ -334,6 +350,8 @@ impl DiffusionGemma {
             dir: dir.as_ref().to_owned(),
             threads: None,
             max_context: DEFAULT_MAX_CONTEXT,
+            #[cfg(feature = "vision")]
+            image_limits: dg_vision::DecodeLimits::default(),
             progress: None,
             adapter: None,
         }
@@ -501,7 +519,13 @@ impl DiffusionGemma {
         };
         let prepared = self.pool.install(|| {
             #[cfg(feature = "vision")]
-            return attach_images(ids, &request.images, self.vision.as_ref(), tokens);
+            return attach_images(
+                ids,
+                &request.images,
+                self.vision.as_ref(),
+                self.image_limits,
+                tokens,
+            );
             #[cfg(not(feature = "vision"))]
             return attach_images(ids, &request.images, tokens);
         })?;

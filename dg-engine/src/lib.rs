@@ -69,7 +69,7 @@ pub use dg_core::synthetic;
 pub use dg_core::{CoreError, KvCache, SelfConditioning};
 pub use dg_tokenize::{Content, ContentPart, Tokenizer};
 #[cfg(feature = "vision")]
-pub use dg_vision::VisionError;
+pub use dg_vision::{DecodeLimits, VisionError};
 pub use engine::{DiffusionGemma, LoadBuilder, DEFAULT_MAX_CONTEXT};
 pub use error::EngineError;
 #[cfg(feature = "hub")]

@@ -105,6 +105,7 @@ pub(crate) fn attach_images(
     ids: Vec<u32>,
     images: &[Image],
     vision: Option<&VisionModel>,
+    limits: dg_vision::DecodeLimits,
     tokens: Option<ImageTokenIds>,
 ) -> Result<PreparedPrompt> {
     let placeholders = tokens.map_or(0, |t| ids.iter().filter(|&&id| id == t.image).count());
@@ -131,7 +132,8 @@ pub(crate) fn attach_images(
             ),
         });
     }
-    let processor = vision.processor();
+    let mut processor = vision.processor();
+    processor.limits = limits;
     let prepared = images
         .iter()
         .map(|image| match image {

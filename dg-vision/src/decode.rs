@@ -29,13 +29,21 @@ pub enum ExifOrientation {
     Apply,
 }
 
-/// Decoder safety limits.
+/// Decoder safety limits: an image over one is refused with [`VisionError::TooLarge`] naming
+/// the field, before its pixels are decoded. Set them on dg-engine's loader with
+/// `LoadBuilder::image_limits`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DecodeLimits {
+    /// Most bytes an encoded image (or an image file) may have. Default 128 MiB.
+    pub max_encoded_bytes: u64,
     /// Most pixels (width x height) an image may have. Default: Pillow's
     /// `DecompressionBombError` threshold, `2 * Image.MAX_IMAGE_PIXELS` = 178,956,970.
     pub max_pixels: u64,
+    /// Widest image in pixels. Default: no limit beyond `max_pixels`.
+    pub max_width: u64,
+    /// Tallest image in pixels. Default: no limit beyond `max_pixels`.
+    pub max_height: u64,
     /// Most bytes the decoder may allocate. Default 1 GiB.
     pub max_alloc_bytes: u64,
 }
@@ -43,19 +51,86 @@ pub struct DecodeLimits {
 impl Default for DecodeLimits {
     fn default() -> Self {
         Self {
+            max_encoded_bytes: 128 << 20,
             max_pixels: 2 * 89_478_485,
+            max_width: u64::MAX,
+            max_height: u64::MAX,
             max_alloc_bytes: 1 << 30,
         }
     }
 }
 
 impl DecodeLimits {
-    /// Limits with the given pixel budget and the default allocation budget.
+    /// Limits with the given pixel budget and the defaults otherwise.
     pub fn with_max_pixels(max_pixels: u64) -> Self {
         Self {
             max_pixels,
             ..Self::default()
         }
+    }
+
+    /// Sets [`max_encoded_bytes`](Self::max_encoded_bytes).
+    pub fn max_encoded_bytes(mut self, bytes: u64) -> Self {
+        self.max_encoded_bytes = bytes;
+        self
+    }
+
+    /// Sets [`max_pixels`](Self::max_pixels).
+    pub fn max_pixels(mut self, pixels: u64) -> Self {
+        self.max_pixels = pixels;
+        self
+    }
+
+    /// Sets [`max_width`](Self::max_width) and [`max_height`](Self::max_height).
+    pub fn max_size(mut self, width: u64, height: u64) -> Self {
+        self.max_width = width;
+        self.max_height = height;
+        self
+    }
+
+    /// Sets [`max_alloc_bytes`](Self::max_alloc_bytes).
+    pub fn max_alloc_bytes(mut self, bytes: u64) -> Self {
+        self.max_alloc_bytes = bytes;
+        self
+    }
+
+    /// Refuses an encoded image of `len` bytes over [`max_encoded_bytes`](Self::max_encoded_bytes).
+    pub fn check_encoded(&self, what: &str, len: u64) -> Result<()> {
+        match len > self.max_encoded_bytes {
+            true => Err(too_large(
+                what,
+                "max_encoded_bytes",
+                format!("{len} bytes"),
+                self.max_encoded_bytes,
+            )),
+            false => Ok(()),
+        }
+    }
+
+    /// Refuses a `width x height` image over [`max_width`](Self::max_width),
+    /// [`max_height`](Self::max_height) or [`max_pixels`](Self::max_pixels).
+    pub fn check_size(&self, what: &str, width: u64, height: u64) -> Result<()> {
+        let size = format!("{width} x {height} pixels");
+        if width > self.max_width {
+            return Err(too_large(what, "max_width", size, self.max_width));
+        }
+        if height > self.max_height {
+            return Err(too_large(what, "max_height", size, self.max_height));
+        }
+        if width.saturating_mul(height) > self.max_pixels {
+            return Err(too_large(what, "max_pixels", size, self.max_pixels));
+        }
+        Ok(())
+    }
+}
+
+fn too_large(what: &str, limit: &str, size: String, value: u64) -> VisionError {
+    VisionError::TooLarge {
+        what: what.to_string(),
+        message: format!(
+            "{size}, over the limit DecodeLimits::{limit} = {value} (dg-engine: \
+             LoadBuilder::image_limits)"
+        ),
     }
 }
 
@@ -94,6 +169,7 @@ pub fn decode_rgb8(
     limits: DecodeLimits,
     exif: ExifOrientation,
 ) -> Result<RgbImage> {
+    limits.check_encoded(what, bytes.len() as u64)?;
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| VisionError::Decode {
@@ -118,12 +194,7 @@ pub fn decode_rgb8(
             height: h as usize,
         });
     }
-    if u64::from(w) * u64::from(h) > limits.max_pixels {
-        return Err(VisionError::TooLarge {
-            what: what.to_string(),
-            message: format!("{w} x {h} pixels, limit {}", limits.max_pixels),
-        });
-    }
+    limits.check_size(what, w.into(), h.into())?;
     let orientation = match exif {
         ExifOrientation::Ignore => None,
         // A damaged EXIF block is not worth failing the image for; PIL's exif_transpose
@@ -228,6 +299,27 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, VisionError::TooLarge { .. }), "{e}");
+        // Each limit is named in its error.
+        let cases = [
+            (
+                DecodeLimits::default().max_encoded_bytes(10),
+                "max_encoded_bytes = 10",
+            ),
+            (DecodeLimits::default().max_size(19, 100), "max_width = 19"),
+            (DecodeLimits::default().max_size(100, 9), "max_height = 9"),
+            (DecodeLimits::default().max_pixels(199), "max_pixels = 199"),
+        ];
+        for (limits, named) in cases {
+            let e = decode_rgb8(&png, "img", limits, ExifOrientation::Ignore).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, VisionError::TooLarge { .. }), "{msg}");
+            assert!(msg.contains(named) && msg.contains("image_limits"), "{msg}");
+        }
+        let exact = DecodeLimits::default()
+            .max_encoded_bytes(png.len() as u64)
+            .max_size(20, 10)
+            .max_pixels(200);
+        decode_rgb8(&png, "x", exact, ExifOrientation::Ignore).unwrap();
     }
 
     #[test]

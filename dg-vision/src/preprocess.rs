@@ -213,19 +213,37 @@ impl ImageProcessor {
         self.prepare(&rgb)
     }
 
-    /// Reads, decodes and prepares an image file.
+    /// Reads, decodes and prepares an image file: a regular file of at most
+    /// `limits.max_encoded_bytes` (a FIFO or a device is refused, not read until it ends).
     pub fn prepare_path(&self, path: impl AsRef<Path>) -> Result<PreparedImage> {
+        use std::io::Read;
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| VisionError::Io {
+        let what = path.display().to_string();
+        let io = |source| VisionError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
-        self.prepare_bytes(&bytes, &path.display().to_string())
+        };
+        // Checked before opening: opening a FIFO would wait for a writer.
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            return Err(io(std::io::Error::other("not a regular file")));
+        }
+        let file = std::fs::File::open(path).map_err(io)?;
+        self.limits.check_encoded(&what, meta.len())?;
+        let mut bytes = Vec::new();
+        // The cap holds even if the file grows after the size check.
+        file.take(self.limits.max_encoded_bytes.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        self.prepare_bytes(&bytes, &what)
     }
 
-    /// Prepares raw `height x width x 3` RGB bytes (already decoded by the caller).
+    /// Prepares raw `height x width x 3` RGB bytes (already decoded by the caller), within the
+    /// same size limits as a decoded image.
     pub fn prepare_rgb(&self, width: usize, height: usize, rgb: &[u8]) -> Result<PreparedImage> {
         check_rgb_len(width, height, rgb.len())?;
+        self.limits
+            .check_size("raw RGB image", width as u64, height as u64)?;
         self.prepare(&RgbImage {
             width,
             height,
