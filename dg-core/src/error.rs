@@ -52,6 +52,9 @@ pub enum CoreError {
     /// An input is out of range (token id, length, ...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The allocator refused a buffer whose size the request or checkpoint sets.
+    #[error(transparent)]
+    OutOfMemory(#[from] dg_quant::alloc::OutOfMemory),
     /// A quantized kernel rejected its operands.
     #[error("quantized op on {name}: {source}")]
     Quant {

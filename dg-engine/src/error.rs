@@ -23,6 +23,9 @@ pub enum EngineError {
     /// The text model failed (bad checkpoint, bad input).
     #[error(transparent)]
     Model(Box<dg_core::CoreError>),
+    /// The allocator refused a buffer whose size the request sets.
+    #[error(transparent)]
+    OutOfMemory(#[from] dg_quant::alloc::OutOfMemory),
     /// Tokenizer, chat template or detokenizer failed.
     #[error(transparent)]
     Tokenize(#[from] dg_tokenize::Error),

@@ -72,6 +72,8 @@
 
 use std::collections::VecDeque;
 
+use dg_quant::alloc;
+
 use crate::error::{EngineError, Result};
 use crate::mlx_math;
 use crate::rng::Rng;
@@ -164,7 +166,7 @@ pub fn sample_canvas(
         return argmax_canvas(logits, vocab);
     }
     let sampled = if temperature != 1.0 {
-        let mut scaled = logits.to_vec();
+        let mut scaled = alloc::copied(logits, "tempered logits [canvas, vocab]")?;
         apply_temperature(&mut scaled, temperature);
         rng.categorical(&scaled, &[rows, vocab])?
     } else {
@@ -249,7 +251,7 @@ pub fn token_entropy(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 /// logsumexp)` (`[rows, vocab]`), the entropy-bound sampler's soft-embedding weights.
 pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<f32>)> {
     let rows = rows_of(logits, vocab, "logits")?;
-    let mut probs = vec![0.0_f32; logits.len()];
+    let mut probs = alloc::zeroed(logits.len(), "probabilities [canvas, vocab]")?;
     let mut entropy = Vec::with_capacity(rows);
     for (row, out) in logits
         .chunks_exact(vocab)
@@ -265,7 +267,7 @@ pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<
 /// Differs from [`entropy_and_probs`]'s probabilities in the last bits.
 pub fn softmax_precise(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
     rows_of(logits, vocab, "logits")?;
-    let mut probs = vec![0.0_f32; logits.len()];
+    let mut probs = alloc::zeroed(logits.len(), "probabilities [canvas, vocab]")?;
     for (row, out) in logits
         .chunks_exact(vocab)
         .zip(probs.chunks_exact_mut(vocab))

@@ -19,6 +19,7 @@
 pub use half::bf16;
 
 mod affine;
+pub mod alloc;
 mod error;
 mod format;
 mod kernels;

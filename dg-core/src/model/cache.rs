@@ -6,6 +6,8 @@
 //! and trims then; what any query can attend to is identical (see `attention.rs`), we just
 //! free the memory sooner.
 
+use dg_quant::alloc::{self, OutOfMemory};
+
 /// Keys and values of one layer, per key/value head: `[positions, head_dim]` each.
 #[derive(Clone, Debug)]
 pub struct LayerCache {
@@ -71,6 +73,16 @@ impl LayerCache {
         for (dst, src) in self.values.iter_mut().zip(values) {
             dst.extend_from_slice(src);
         }
+    }
+
+    /// Makes room for `positions` more entries per head, so that appending them cannot abort
+    /// on a refused allocation (the encoder reserves before its pass).
+    pub(crate) fn reserve(&mut self, positions: usize) -> Result<(), OutOfMemory> {
+        let values = positions.saturating_mul(self.head_dim);
+        for v in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            alloc::reserve(v, values, "key/value cache")?;
+        }
+        Ok(())
     }
 
     pub(crate) fn trim(&mut self) {

@@ -14,7 +14,7 @@ pub mod self_conditioning;
 
 mod load;
 
-use dg_quant::ops;
+use dg_quant::{alloc, ops};
 
 use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
@@ -244,10 +244,20 @@ impl TextModel {
             }
         }
         let segments = Segments::from_lengths(inputs.iter().map(|i| i.embeddings.len() / hidden));
-        let mut h: Vec<f32> = inputs
-            .iter_mut()
-            .flat_map(|i| std::mem::take(&mut i.embeddings))
-            .collect();
+        for (input, span) in inputs.iter_mut().zip(segments.spans()) {
+            for layer in &mut input.cache.layers {
+                layer.reserve(span.len())?;
+            }
+        }
+        let mut h = Vec::new();
+        alloc::reserve(
+            &mut h,
+            segments.rows() * hidden,
+            "encoder states [prompt, hidden]",
+        )?;
+        for input in inputs.iter_mut() {
+            h.extend_from_slice(&std::mem::take(&mut input.embeddings));
+        }
         // Image blocks only exist in the first prefill; continuation passes ignore them, as
         // the reference does.
         let blocks: Vec<Option<&[i32]>> = inputs
@@ -283,10 +293,7 @@ impl TextModel {
             Some(&self.norm),
             self.config.text.rms_norm_eps,
         );
-        Ok(segments
-            .spans()
-            .map(|span| h[span.start * hidden..span.end * hidden].to_vec())
-            .collect())
+        split_rows(h, &segments, hidden, "encoder states [prompt, hidden]")
     }
 
     fn check_cache(&self, cache: &KvCache, input: usize) -> Result<(), CoreError> {
@@ -324,11 +331,12 @@ impl TextModel {
     pub fn decode_batch(&self, inputs: &[DecoderInput<'_>]) -> Result<Vec<Vec<f32>>, CoreError> {
         let (hidden, segments) = self.decode_hidden_batch(inputs)?;
         let logits = self.logits(&hidden, segments.rows())?;
-        let vocab = self.vocab_size();
-        Ok(segments
-            .spans()
-            .map(|span| logits[span.start * vocab..span.end * vocab].to_vec())
-            .collect())
+        split_rows(
+            logits,
+            &segments,
+            self.vocab_size(),
+            "logits [canvas, vocab]",
+        )
     }
 
     /// The decoder's final-normed hidden states `[canvas, hidden]`.
@@ -432,6 +440,7 @@ impl TextModel {
         let mut probs = Vec::new();
         for input in inputs {
             if let SelfConditioning::Logits(logits) = input.self_conditioning {
+                alloc::reserve(&mut probs, logits.len(), "self-conditioning probabilities")?;
                 let start = probs.len();
                 probs.extend_from_slice(logits);
                 for row in probs[start..].chunks_exact_mut(vocab) {
@@ -445,7 +454,7 @@ impl TextModel {
             self.soft_embeddings(&probs, probs.len() / vocab)?
         };
         let mut next_from_logits = from_logits.chunks(hidden);
-        let mut soft = vec![0.0f32; segments.rows() * hidden];
+        let mut soft = alloc::zeroed(segments.rows() * hidden, "self-conditioning embeddings")?;
         for (input, span) in inputs.iter().zip(segments.spans()) {
             let dst = &mut soft[span.start * hidden..span.end * hidden];
             match input.self_conditioning {
@@ -485,4 +494,26 @@ impl TextModel {
         }
         Ok(e)
     }
+}
+
+/// `packed` `[rows, width]` split into each segment's rows: one segment is returned as is (no
+/// copy), several are copied out, each copy an error naming `what` if memory runs out.
+fn split_rows(
+    packed: Vec<f32>,
+    segments: &Segments,
+    width: usize,
+    what: &'static str,
+) -> Result<Vec<Vec<f32>>, CoreError> {
+    if segments.len() == 1 {
+        return Ok(vec![packed]);
+    }
+    segments
+        .spans()
+        .map(|span| {
+            Ok(alloc::copied(
+                &packed[span.start * width..span.end * width],
+                what,
+            )?)
+        })
+        .collect()
 }

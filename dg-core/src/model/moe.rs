@@ -5,7 +5,7 @@
 //! like `argpartition` (on equal scores the larger expert index wins); the weights are
 //! `softmax(top-k scores) * per_expert_scale`, not renormalized.
 
-use dg_quant::ops;
+use dg_quant::{alloc, ops};
 
 use super::linear::{ExpertLinear, Linear};
 use crate::error::CoreError;
@@ -39,7 +39,7 @@ impl Router {
     pub fn route(&self, residual: &[f32], rows: usize) -> Result<Vec<Routing>, CoreError> {
         let hidden = self.scale.len();
         let root = (hidden as f32).powf(-0.5);
-        let mut normed = vec![0.0f32; residual.len()];
+        let mut normed = alloc::zeroed(residual.len(), "router input [rows, hidden]")?;
         ops::rms_norm_rows(residual, hidden, None, self.eps, &mut normed);
         for row in normed.chunks_exact_mut(hidden) {
             for (v, s) in row.iter_mut().zip(&self.scale) {
@@ -97,7 +97,7 @@ impl Experts {
             .collect();
         let gate_up = self.gate_up_proj.forward_pairs(x, rows, &pairs)?;
         let m = self.moe_dim;
-        let mut act = vec![0.0f32; pairs.len() * m];
+        let mut act = alloc::zeroed(pairs.len() * m, "expert activations [rows x top_k, moe]")?;
         for (a, gu) in act.chunks_exact_mut(m).zip(gate_up.chunks_exact(2 * m)) {
             a.copy_from_slice(&gu[..m]);
             ops::geglu_inplace(a, &gu[m..]);
@@ -111,7 +111,7 @@ impl Experts {
             .down_proj
             .forward_pairs(&act, pairs.len(), &down_pairs)?;
         let hidden = self.down_proj.out_dim;
-        let mut out = vec![0.0f32; rows * hidden];
+        let mut out = alloc::zeroed(rows * hidden, "expert output [rows, hidden]")?;
         let mut p = 0;
         for (t, r) in routing.iter().enumerate() {
             let o = &mut out[t * hidden..(t + 1) * hidden];

@@ -1,7 +1,7 @@
 //! Self-conditioning: the decoder's canvas embeddings are mixed with the previous step's soft
 //! embeddings through a small GeGLU block, then RMS-normed without scale.
 
-use dg_quant::ops;
+use dg_quant::{alloc, ops};
 
 use super::mlp::Mlp;
 use crate::error::CoreError;
@@ -26,11 +26,11 @@ impl SelfConditioningBlock {
         rows: usize,
     ) -> Result<Vec<f32>, CoreError> {
         let hidden = self.pre_norm.len();
-        let mut h = embeds.to_vec();
+        let mut h = alloc::copied(embeds, "decoder input [canvas, hidden]")?;
         // With zero soft embeddings every product below is exactly zero (the norm of a zero
         // row is zero, quantized products of zeros are zero), so skipping them is exact.
         if let Some(soft) = soft {
-            let mut normed = vec![0.0f32; soft.len()];
+            let mut normed = alloc::zeroed(soft.len(), "self-conditioning input [canvas, hidden]")?;
             ops::rms_norm_rows(soft, hidden, Some(&self.pre_norm), self.eps, &mut normed);
             let signal = self.mlp.forward(&normed, rows)?;
             for (v, s) in h.iter_mut().zip(&signal) {
