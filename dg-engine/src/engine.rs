@@ -434,6 +434,13 @@ impl DiffusionGemma {
                 self.tokenizer.encode_literal(text, true)?
             }
             Prompt::Text(text) => self.tokenizer.encode(text, true)?,
+            // The template would fail on it with a message about its own internals.
+            Prompt::Chat(messages) if messages.is_empty() => {
+                return Err(EngineError::InvalidArgument {
+                    name: "messages",
+                    reason: "the chat has no messages".into(),
+                })
+            }
             Prompt::Chat(messages) => {
                 let template =
                     self.template
