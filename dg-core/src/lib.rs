@@ -3,6 +3,7 @@
 //! - [`config`]: `config.json` with the reference's defaults.
 //! - [`checkpoint`]: memory-mapped safetensors shards, sanitized names, typed errors.
 //! - [`model`]: the encoder/decoder backbone ([`TextModel`]) and its [`KvCache`].
+//! - [`train`]: the LoRA denoising loss and its gradient (hand-written backward pass).
 
 #![warn(missing_docs)]
 
@@ -12,6 +13,7 @@ pub mod error;
 pub mod lora;
 mod mmap;
 pub mod model;
+pub mod train;
 
 pub use checkpoint::Checkpoint;
 pub use config::ModelConfig;

@@ -74,12 +74,12 @@ struct Projected {
 
 /// What one sequence attends over: per key/value head, its keys and values
 /// `[n_keys, head_dim]`, the absolute positions of the first key and first query, its mask.
-struct KeyView<'a> {
-    keys: Vec<Cow<'a, [f32]>>,
-    values: Vec<Cow<'a, [f32]>>,
-    first_key: usize,
-    first_query: usize,
-    mask: AttentionMask<'a>,
+pub(crate) struct KeyView<'a> {
+    pub(crate) keys: Vec<Cow<'a, [f32]>>,
+    pub(crate) values: Vec<Cow<'a, [f32]>>,
+    pub(crate) first_key: usize,
+    pub(crate) first_query: usize,
+    pub(crate) mask: AttentionMask<'a>,
 }
 
 impl Attention {
@@ -261,13 +261,13 @@ impl Attention {
 
 /// Query rows per block of `attend_head`: the scores of one block, `[QUERY_BLOCK, keys]`, are
 /// all a head holds at once, so attention memory grows linearly with the prompt.
-const QUERY_BLOCK: usize = 256;
+pub(crate) const QUERY_BLOCK: usize = 256;
 
 /// One query head of one sequence over its key/value head: `softmax(mask(q k^T)) v`, a block of
 /// query rows at a time over only the keys the block can see (on causal passes: none after its
 /// last query, none before a sliding window). Masked keys weigh exactly 0 after the softmax, so
 /// leaving them out changes no row's result.
-fn attend_head(
+pub(crate) fn attend_head(
     q: &[f32],
     len: usize,
     k: &[f32],
@@ -295,23 +295,7 @@ fn attend_head(
             &mut scores,
         )?;
         for (i, row) in scores.chunks_exact_mut(width).enumerate() {
-            if let AttentionMask::Causal { window, blocks } = view.mask {
-                let qp = view.first_query + i0 + i;
-                for (j, s) in row.iter_mut().enumerate() {
-                    let kp = view.first_key + k0 + j;
-                    let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
-                    let same_block = blocks.is_some_and(|b| {
-                        let (bq, bk) = (
-                            qp.wrapping_sub(view.first_query),
-                            kp.wrapping_sub(view.first_query),
-                        );
-                        bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
-                    });
-                    if !(causal || same_block) {
-                        *s = f32::NEG_INFINITY;
-                    }
-                }
-            }
+            mask_row(view, i0 + i, k0, row);
             ops::softmax_inplace(row);
         }
         let o = &mut out[i0 * hd..(i0 + rows) * hd];
@@ -320,9 +304,36 @@ fn attend_head(
     Ok(out)
 }
 
+/// Sets the scores of query row `i` (index into the pass's queries) over the keys `k0..` that
+/// its mask hides to `-inf`.
+pub(crate) fn mask_row(view: &KeyView<'_>, i: usize, k0: usize, row: &mut [f32]) {
+    if let AttentionMask::Causal { window, blocks } = view.mask {
+        let qp = view.first_query + i;
+        for (j, s) in row.iter_mut().enumerate() {
+            let kp = view.first_key + k0 + j;
+            let causal = kp <= qp && window.is_none_or(|w| qp < kp + w);
+            let same_block = blocks.is_some_and(|b| {
+                let (bq, bk) = (
+                    qp.wrapping_sub(view.first_query),
+                    kp.wrapping_sub(view.first_query),
+                );
+                bq < b.len() && bk < b.len() && b[bq] >= 0 && b[bq] == b[bk]
+            });
+            if !(causal || same_block) {
+                *s = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 /// The keys `k0..k1` (indices into the view's keys) that query rows `i0..i0 + rows` can see.
 /// Image blocks see each other both ways, so a pass with image blocks keeps every key.
-fn visible_keys(view: &KeyView<'_>, i0: usize, rows: usize, n_keys: usize) -> (usize, usize) {
+pub(crate) fn visible_keys(
+    view: &KeyView<'_>,
+    i0: usize,
+    rows: usize,
+    n_keys: usize,
+) -> (usize, usize) {
     let AttentionMask::Causal {
         window,
         blocks: None,

@@ -185,6 +185,15 @@ impl Linear {
 
     /// `x [m, in] @ W^T -> [m, out]`, plus the mounted adapter's `scale * (x @ A) @ B`.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
+        let mut out = self.forward_base(x, m)?;
+        if let Some(lora) = &self.lora {
+            self.add_lora(lora, x, m, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// `x [m, in] @ W^T` without any mounted adapter (the frozen base, for training).
+    pub(crate) fn forward_base(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
         let mut out = vec![0.0f32; m * self.out_dim];
         match &self.weights {
             Weights::Dense(w) => {
@@ -193,9 +202,6 @@ impl Linear {
             Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, &mut out),
         }
         .map_err(|e| self.quant_err(e))?;
-        if let Some(lora) = &self.lora {
-            self.add_lora(lora, x, m, &mut out)?;
-        }
         Ok(out)
     }
 
@@ -397,6 +403,71 @@ impl ExpertLinear {
                     )
                     .map_err(err)?;
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// For each `(dy_row, expert)` pair: `dy[p] @ W_expert` (the gradient of
+    /// [`Self::forward_pairs`] with respect to its input), giving `[pairs, in]`. Pairs are
+    /// independent: pair `p` reads row `p` of `dy` (`[pairs, out]`).
+    pub(crate) fn backward_pairs(
+        &self,
+        dy: &[f32],
+        experts_of_pairs: &[usize],
+    ) -> Result<Vec<f32>, CoreError> {
+        let err = |source| CoreError::Quant {
+            name: self.name.clone(),
+            source,
+        };
+        let (n, k) = (self.out_dim, self.in_dim);
+        let mut out = vec![0.0f32; experts_of_pairs.len() * k];
+        // One product per expert over all its pairs, the weights read once.
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.experts];
+        for (p, &e) in experts_of_pairs.iter().enumerate() {
+            by_expert
+                .get_mut(e)
+                .ok_or_else(|| {
+                    CoreError::InvalidInput(format!(
+                        "{}: expert {e} of pair {p} is out of range ({} experts)",
+                        self.name, self.experts
+                    ))
+                })?
+                .push(p);
+        }
+        for (e, ps) in by_expert.iter().enumerate().filter(|(_, ps)| !ps.is_empty()) {
+            let rows: Vec<f32> = ps
+                .iter()
+                .flat_map(|&p| dy[p * n..(p + 1) * n].iter().copied())
+                .collect();
+            let mut res = vec![0.0f32; ps.len() * k];
+            match &self.weights {
+                Weights::Quantized(q) => {
+                    let experts = QExperts::new(
+                        q.packed.as_slice(),
+                        q.scales.as_slice(),
+                        q.biases.as_slice(),
+                        self.experts,
+                        n,
+                        k,
+                        q.spec,
+                    )
+                    .map_err(err)?;
+                    dg_quant::matmul(&rows, ps.len(), &experts.expert(e).map_err(err)?, &mut res)
+                }
+                Weights::Dense(w) => dg_quant::matmul_f32(
+                    &rows,
+                    &w[e * n * k..(e + 1) * n * k],
+                    ps.len(),
+                    n,
+                    k,
+                    false,
+                    &mut res,
+                ),
+            }
+            .map_err(err)?;
+            for (&p, r) in ps.iter().zip(res.chunks_exact(k)) {
+                out[p * k..(p + 1) * k].copy_from_slice(r);
             }
         }
         Ok(out)
