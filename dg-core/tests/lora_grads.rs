@@ -99,11 +99,17 @@ fn check_against_reference(name: &str, expected_prompt: impl Fn(usize) -> bool) 
             worst.push((err, format!("{path}.{which}")));
         }
     }
-    worst.sort_by(|a, b| b.0.total_cmp(&a.0));
-    eprintln!(
-        "{name}: loss rel. error {loss_err:.2e}; worst gradients {:?}",
-        &worst[..3]
-    );
+    // The worst error per module kind and factor (shown with --nocapture).
+    let mut by_kind: std::collections::BTreeMap<String, f64> = Default::default();
+    for (err, path) in &worst {
+        let kind = path.splitn(5, '.').nth(4).unwrap_or(path).to_owned();
+        let e = by_kind.entry(kind).or_default();
+        *e = e.max(*err);
+    }
+    eprintln!("{name}: loss rel. error {loss_err:.2e}; worst gradient rel. error by module:");
+    for (kind, err) in by_kind {
+        eprintln!("  {kind}: {err:.2e}");
+    }
 }
 
 #[test]
