@@ -30,16 +30,18 @@
 //! - layer inputs: `L (P + C) H`;
 //! - cached keys/values and their gradients: `4 (L_s min(P, W-1) k d + L_f P k_g d_g)`;
 //! - the head: `C V` (logits, turned into their gradient in place; freed before the layers);
-//! - one layer's tape and gradients: about `n (12 H + 4 A d_g + 6 I + K (3 m + 2 H))` plus the
-//!   attended keys/values `2 (P + C) k d` and per running thread a `256 x (P + C)` score block;
+//! - one layer's tape: `n (14 H + 3 A d_g + 3 I + K (2 m + H))` at most (full-attention
+//!   layers), plus the attended keys/values `2 (P + C) k d`, and about as much again in the
+//!   backward's transient gradients; per running thread a `256 x (P + C)` score block;
 //! - the adapter's factors and their gradients.
 //!
 //! For the real geometry (L = 30: 25 sliding, 5 full; H = 2816, V = 262144, C = 256, A = 16,
 //! d = 256, d_g = 512, k = 8, k_g = 2, W = 1024, I = 2112, m = 704, K = 8) and a prompt of
-//! P = 512: layer inputs 30 x 768 x 2816 x 4 B = 260 MB, cached keys/values 4 x (25 x 512 x
-//! 2048 + 5 x 512 x 1024) x 4 B = 440 MB, the head 256 x 262144 x 4 B = 268 MB, one layer's tape
-//! about 512 x 87000 x 4 B = 180 MB: under 1.2 GB beside the checkpoint, growing linearly with
-//! the prompt (about 1.7 MB per prompt token).
+//! P = 512: layer inputs 30 x 768 x 2816 x 4 B = 260 MB, cached keys/values and their gradients
+//! 4 x (25 x 512 x 2048 + 5 x 512 x 1024) x 4 B = 460 MB, the head 256 x 262144 x 4 B = 268 MB,
+//! one layer's tape and transients about 512 x 210000 x 4 B = 430 MB: about 1.4 GB beside the
+//! checkpoint, growing linearly with the prompt (about 2.1 MB per prompt token while P < W,
+//! 1.2 MB past it, where the sliding layers' cached keys stop growing).
 
 mod attention;
 mod grad;
