@@ -5,7 +5,7 @@
 //! updates, the same losses as an uninterrupted run.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use dg_core::lora::Adapter;
 use safetensors::{Dtype, SafeTensors};
@@ -41,7 +41,6 @@ struct State {
     betas: (f64, f64),
     eps: f64,
     weight_decay: f64,
-    data: PathBuf,
 }
 
 fn file_err(path: &Path, reason: impl ToString) -> TrainError {
@@ -100,7 +99,6 @@ impl<'m> Trainer<'m> {
             betas: o.adamw.betas,
             eps: o.adamw.eps,
             weight_decay: o.adamw.weight_decay,
-            data: self.data_path.clone(),
         };
         let path = dir.join(STATE_FILE);
         let json = serde_json::to_string_pretty(&state).map_err(|e| file_err(&path, e))?;
@@ -154,9 +152,10 @@ impl<'m> Trainer<'m> {
             moments,
         };
         let rng = Rng::from_key(state.rng_key);
+        let examples = super::load_dataset(model, data, options.max_canvas)?;
         Self::with_state(
             model,
-            data,
+            examples,
             options,
             adapter,
             optimizer,

@@ -29,32 +29,6 @@
 //! ```
 
 mod checkpoint;
-// Until dg_core::train (the backward pass) lands: the same interface, failing clearly.
-#[allow(dead_code)]
-mod core_train {
-    use std::collections::BTreeMap;
-    pub struct TrainExample<'a> {
-        pub prompt_ids: &'a [u32],
-        pub canvas_ids: &'a [u32],
-        pub target_ids: &'a [u32],
-        pub corrupt: &'a [bool],
-    }
-    pub struct LossAndGrads {
-        pub loss: f32,
-        pub corrupted: usize,
-        pub grads: BTreeMap<String, (Vec<f32>, Vec<f32>)>,
-    }
-    pub fn diffusion_loss_and_grads(
-        _model: &dg_core::TextModel,
-        _adapter: &dg_core::Adapter,
-        _ex: &TrainExample<'_>,
-    ) -> Result<LossAndGrads, super::TrainError> {
-        Err(super::TrainError::Option {
-            name: "backward",
-            reason: "the backward pass (dg_core::train) is not in this build yet".into(),
-        })
-    }
-}
 mod data;
 mod optim;
 
@@ -377,7 +351,6 @@ pub struct StepReport {
 pub struct Trainer<'m> {
     model: &'m DiffusionGemma,
     data: Vec<EncodedPair>,
-    data_path: PathBuf,
     options: TrainOptions,
     t_range: (f32, f32),
     adapter: Adapter,
@@ -389,7 +362,6 @@ pub struct Trainer<'m> {
 impl std::fmt::Debug for Trainer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
-            .field("data_path", &self.data_path)
             .field("examples", &self.data.len())
             .field("iteration", &self.iteration)
             .field("optimizer_step", &self.optimizer.step)
@@ -407,27 +379,64 @@ impl<'m> Trainer<'m> {
         options: TrainOptions,
     ) -> Result<Self, TrainError> {
         options.check()?;
+        let examples = load_dataset(model, data, options.max_canvas)?;
+        Self::with_examples(model, examples, options)
+    }
+
+    /// [`new`](Self::new) on examples already tokenized (e.g. by [`encode_pair`]).
+    pub fn with_examples(
+        model: &'m DiffusionGemma,
+        examples: Vec<EncodedPair>,
+        options: TrainOptions,
+    ) -> Result<Self, TrainError> {
+        options.check()?;
         let mut rng = Rng::new(options.seed);
         let adapter = init_adapter(model.model(), &options, &mut rng)?;
         let optimizer = AdamW::new(options.adamw);
-        Self::with_state(model, data, options, adapter, optimizer, rng, 0)
+        Self::with_state(model, examples, options, adapter, optimizer, rng, 0)
     }
 
     fn with_state(
         model: &'m DiffusionGemma,
-        data: &Path,
+        examples: Vec<EncodedPair>,
         options: TrainOptions,
         adapter: Adapter,
         optimizer: AdamW,
         rng: Rng,
         iteration: u64,
     ) -> Result<Self, TrainError> {
-        let data_set = load_dataset(model, data, options.max_canvas)?;
+        let vocab = model.model().vocab_size();
+        for (i, ex) in examples.iter().enumerate() {
+            let bad = ex
+                .prompt_ids
+                .iter()
+                .chain(&ex.target_ids)
+                .find(|&&id| id as usize >= vocab);
+            if ex.prompt_ids.is_empty() || bad.is_some() {
+                return Err(TrainError::Option {
+                    name: "examples",
+                    reason: format!(
+                        "example {i} (line {}): {}",
+                        ex.line,
+                        match bad {
+                            Some(id) =>
+                                format!("token id {id} is outside the vocabulary of {vocab}"),
+                            None => "empty prompt".into(),
+                        }
+                    ),
+                });
+            }
+        }
+        if examples.iter().all(|ex| ex.target_ids.is_empty()) {
+            return Err(TrainError::Option {
+                name: "examples",
+                reason: "no example has a target: nothing to train on".into(),
+            });
+        }
         let s = model.settings(&Defaults::Checkpoint);
         Ok(Trainer {
             model,
-            data: data_set,
-            data_path: data.to_owned(),
+            data: examples,
             t_range: (s.t_min as f32, s.t_max as f32),
             options,
             adapter,
@@ -521,9 +530,9 @@ impl<'m> Trainer<'m> {
         &self,
         index: usize,
         c: &Corruption,
-    ) -> Result<core_train::LossAndGrads, TrainError> {
+    ) -> Result<dg_core::train::LossAndGrads, TrainError> {
         let pair = &self.data[index];
-        let example = core_train::TrainExample {
+        let example = dg_core::train::TrainExample {
             prompt_ids: &pair.prompt_ids,
             canvas_ids: &c.canvas,
             target_ids: &pair.target_ids,
@@ -533,7 +542,7 @@ impl<'m> Trainer<'m> {
         Ok(self
             .model
             .pool()
-            .install(|| core_train::diffusion_loss_and_grads(model, &self.adapter, &example))?)
+            .install(|| dg_core::train::diffusion_loss_and_grads(model, &self.adapter, &example))?)
     }
 
     /// One AdamW step on every adapter tensor.
