@@ -309,3 +309,142 @@ fn wrong_paths_say_what_to_do() {
         "{err}"
     );
 }
+
+// --- Checkpoint files are untrusted ----------------------------------------------------------
+// Every file dg reads from a checkpoint must be a regular file (a FIFO would block the load
+// forever, a link to /dev/zero would read until memory runs out) within its size cap.
+
+/// Loads `dir` on another thread: the error, or a panic if the load has not ended in 60 s.
+fn load_err_in_time(dir: &Path) -> String {
+    let dir = dir.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(
+            DiffusionGemma::load(&dir)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        );
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Ok(())) => panic!("loaded but should not"),
+        Ok(Err(e)) => e,
+        Err(_) => panic!("the load hangs"),
+    }
+}
+
+/// Replaces `dir/file` with a FIFO; `false` (with a message) where `mkfifo` is missing.
+fn make_fifo(dir: &Path, file: &str) -> bool {
+    let path = dir.join(file);
+    std::fs::remove_file(&path).unwrap();
+    match std::process::Command::new("mkfifo").arg(&path).status() {
+        Ok(s) if s.success() => true,
+        _ => {
+            eprintln!("mkfifo unavailable: the FIFO case for {file} is skipped");
+            false
+        }
+    }
+}
+
+#[test]
+fn a_fifo_in_place_of_a_checkpoint_file_is_refused_not_waited_on() {
+    for file in [
+        "config.json",
+        "model-00002-of-00003.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ] {
+        let dir = fresh(3);
+        if !make_fifo(dir.path(), file) {
+            return;
+        }
+        let err = load_err_in_time(dir.path());
+        let path = dir.path().join(file).display().to_string();
+        assert!(
+            err.contains(&path) && err.contains("a FIFO, not a regular file"),
+            "{file}: {err}"
+        );
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_link_to_dev_zero_is_refused_not_read() {
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "model-00001-of-00003.safetensors",
+    ] {
+        let dir = fresh(3);
+        let path = dir.path().join(file);
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let err = load_err_in_time(dir.path());
+        assert_eq!(
+            err,
+            format!("{}: a character device, not a regular file", path.display()),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn files_over_their_size_cap_are_refused_before_reading() {
+    for (file, cap) in [
+        ("config.json", dg_files::CONFIG_MAX_BYTES),
+        ("tokenizer.json", dg_files::TOKENIZER_MAX_BYTES),
+        ("generation_config.json", dg_files::CONFIG_MAX_BYTES),
+        ("model.safetensors.index.json", dg_files::CONFIG_MAX_BYTES),
+    ] {
+        let dir = fresh(3);
+        let path = dir.path().join(file);
+        // Sparse: nothing is written, and nothing may be read.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(cap + 1)
+            .unwrap();
+        let err = load_err_in_time(dir.path());
+        assert_eq!(
+            err,
+            format!(
+                "{}: larger than the {cap}-byte cap for this file",
+                path.display()
+            ),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn a_tensor_in_two_shards_names_the_tensor_and_both_files() {
+    let dir = fresh(3);
+    let first = dir.path().join("model-00001-of-00003.safetensors");
+    let second = dir.path().join("model-00002-of-00003.safetensors");
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    let (a, b) = (read(&first), read(&second));
+    let (a, b) = (
+        safetensors::SafeTensors::deserialize(&a).unwrap(),
+        safetensors::SafeTensors::deserialize(&b).unwrap(),
+    );
+    // A tensor the text model loads (not one `sanitize` drops), written again into shard 2.
+    let (name, view) = a
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("model.decoder.layers.") && n.ends_with(".scales"))
+        .min_by(|x, y| x.0.cmp(&y.0))
+        .unwrap();
+    let mut tensors = b.tensors();
+    tensors.push((name.clone(), view));
+    safetensors::serialize_to_file(tensors, None, &second).unwrap();
+    let err = load_err_in_time(dir.path());
+    assert_eq!(
+        err,
+        format!(
+            "tensor {name} is in two shards: {} and {}",
+            first.display(),
+            second.display()
+        )
+    );
+}

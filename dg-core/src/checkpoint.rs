@@ -1,5 +1,13 @@
-//! Checkpoint files: every `model*.safetensors` shard (sorted, as the reference globs them),
-//! memory-mapped, indexed by the reference's sanitized tensor names.
+//! Checkpoint files: every `model*.safetensors` shard (sorted, as the reference globs them) and,
+//! for a model with a vision tower, OptiQ's bf16 vision sidecar; each memory-mapped once and
+//! indexed by the reference's sanitized tensor names. The text model and the vision tower both
+//! read their tensors from one [`Checkpoint`].
+//!
+//! Where the reference loader (`optiq/vlm/diffusion_gemma/loader.py::_gather_weights`) finds the
+//! sidecar: `optiq/optiq_vision.safetensors`, or `optiq_vision.safetensors` at the root for older
+//! quants; its names lack the `model.encoder.` prefix, and a tensor the shards also hold is the
+//! shards' (`setdefault`). A tensor in two model shards is an error naming both files (the
+//! reference silently keeps the last copy).
 //!
 //! Weights stay in the mapped files; a tensor is copied only when it must change form (bf16 norm
 //! weights become f32) or when the file places it at an offset its element type cannot be read
@@ -16,6 +24,8 @@ use safetensors::SafeTensors;
 
 use crate::error::CoreError;
 use crate::mmap::MappedFile;
+
+pub use crate::mmap::files_mapped_by_this_thread;
 
 /// A tensor's location and form inside one shard.
 #[derive(Clone, Debug)]
@@ -85,6 +95,50 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<(PathBuf, Arc<MappedFile>)>,
     tensors: HashMap<String, TensorEntry>,
+    /// Index into `shards` of the vision sidecar, if one was mapped.
+    sidecar: Option<usize>,
+}
+
+/// A floating tensor (bf16, f16 or f32) left in the mapped file and widened to f32 on demand:
+/// the vision tower's plain weights, widened per call so that no f32 copy outlives the call.
+#[derive(Clone)]
+pub struct FloatView {
+    file: Arc<MappedFile>,
+    range: Range<usize>,
+    dtype: Dtype,
+}
+
+impl FloatView {
+    /// The values as f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        // The dtype was checked when the view was made.
+        widen(self.dtype, &self.file.bytes()[self.range.clone()]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for FloatView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FloatView({:?}, {} bytes)", self.dtype, self.range.len())
+    }
+}
+
+/// Little-endian bf16, f16 or f32 bytes as f32; `None` for any other dtype.
+fn widen(dtype: Dtype, raw: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::BF16 => raw
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F32 => raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        _ => return None,
+    })
 }
 
 /// Which tensors `sanitize` keeps, mirroring the reference's `Model.sanitize`.
@@ -164,20 +218,27 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             tensors: HashMap::new(),
+            sidecar: None,
         };
         for path in paths {
-            ck.add_file(&path, opts, |n| n.to_owned())?;
+            ck.add_file(&path, opts, Source::Shard)?;
+        }
+        if opts.has_vision_tower {
+            if let Some(path) = find_vision_sidecar(dir) {
+                ck.add_file(&path, opts, Source::Sidecar)?;
+                ck.sidecar = Some(ck.shards.len() - 1);
+            }
         }
         Ok(ck)
     }
 
-    /// Adds another safetensors file (e.g. the vision sidecar), renaming its tensors with `rename`
-    /// before sanitizing. Names already present win, as the reference's `setdefault` does.
-    pub fn add_file(
+    /// Maps one safetensors file, checks every tensor against the file, and indexes the ones
+    /// `sanitize` keeps.
+    fn add_file(
         &mut self,
         path: &Path,
         opts: SanitizeOptions,
-        rename: impl Fn(&str) -> String,
+        source: Source,
     ) -> Result<(), CoreError> {
         let bad = |reason: String| CoreError::Checkpoint {
             path: path.to_owned(),
@@ -213,16 +274,39 @@ impl Checkpoint {
                     bytes.len()
                 )));
             }
-            let Some(name) = sanitize_name(&rename(&stored_name), opts) else {
+            let canonical = match source {
+                Source::Shard => stored_name.clone(),
+                Source::Sidecar => sidecar_canonical(&stored_name).ok_or_else(|| {
+                    bad(format!(
+                        "sidecar tensor `{stored_name}` matches no vision parameter (the \
+                         reference loader refuses such a sidecar)"
+                    ))
+                })?,
+            };
+            let Some(name) = sanitize_name(&canonical, opts) else {
                 continue;
             };
-            self.tensors.entry(name).or_insert(TensorEntry {
-                shard,
-                stored_name: stored_name.clone(),
-                dtype: info.dtype,
-                shape: info.shape.clone(),
-                range: data_start + start..data_start + end,
-            });
+            if let Some(first) = self.tensors.get(&name) {
+                if source == Source::Sidecar {
+                    // The reference's `setdefault`: the shards' copy wins.
+                    continue;
+                }
+                return Err(CoreError::DuplicateTensor {
+                    name,
+                    first: self.shards[first.shard].0.clone(),
+                    second: path.to_owned(),
+                });
+            }
+            self.tensors.insert(
+                name,
+                TensorEntry {
+                    shard,
+                    stored_name: stored_name.clone(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    range: data_start + start..data_start + end,
+                },
+            );
         }
         self.shards.push((path.to_owned(), file));
         Ok(())
@@ -231,6 +315,22 @@ impl Checkpoint {
     /// The checkpoint directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The mapped files, in the order they were read: the shards, then the sidecar.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|(path, _)| path.as_path())
+    }
+
+    /// The vision sidecar, when one was mapped.
+    pub fn sidecar(&self) -> Option<&Path> {
+        self.sidecar.map(|i| self.shards[i].0.as_path())
+    }
+
+    /// The file a (sanitized) tensor is read from.
+    pub fn file_of(&self, name: &str) -> Result<&Path, CoreError> {
+        let e = self.entry(name)?;
+        Ok(self.shard_path(e))
     }
 
     /// Whether a (sanitized) tensor exists.
@@ -282,26 +382,38 @@ impl Checkpoint {
 
     /// A floating tensor (bf16, f16 or f32) of the given shape, converted to f32.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CoreError> {
+        Ok(self.float_view(name, shape)?.to_f32())
+    }
+
+    /// A floating tensor (bf16, f16 or f32) of the given shape, left in the mapped file.
+    pub fn float_view(&self, name: &str, shape: &[usize]) -> Result<FloatView, CoreError> {
         let e = self.entry(name)?;
         self.expect_shape(name, e, shape)?;
-        let raw = self.raw(e);
-        Ok(match e.dtype {
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            other => {
-                return Err(self.bad(name, e, format!("dtype {other:?}, expected a float type")))
-            }
+        if !matches!(e.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+            return Err(self.bad(
+                name,
+                e,
+                format!("dtype {:?}, expected a float type", e.dtype),
+            ));
+        }
+        Ok(FloatView {
+            file: self.shards[e.shard].1.clone(),
+            range: e.range.clone(),
+            dtype: e.dtype,
         })
+    }
+
+    /// A one-element floating tensor of any shape (`[]` or `[1]`), e.g. a clip bound.
+    pub fn scalar_f32(&self, name: &str) -> Result<f32, CoreError> {
+        let e = self.entry(name)?;
+        match self.f32(name, &e.shape)?.as_slice() {
+            [x] => Ok(*x),
+            _ => Err(self.bad(
+                name,
+                e,
+                format!("shape {:?}, expected one element", e.shape),
+            )),
+        }
     }
 
     /// A tensor of the given dtype and shape, read in place when aligned.
@@ -363,6 +475,39 @@ impl Checkpoint {
     }
 }
 
+/// Which kind of file [`Checkpoint::add_file`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// A `model*.safetensors` shard: names as stored; a name in two shards is an error.
+    Shard,
+    /// The vision sidecar: names made canonical; a name the shards hold is skipped.
+    Sidecar,
+}
+
+/// The vision sidecar, `optiq/` first, then the root (the reference's `resolve_vision_sidecar`).
+pub fn find_vision_sidecar(dir: &Path) -> Option<PathBuf> {
+    [
+        dir.join("optiq").join("optiq_vision.safetensors"),
+        dir.join("optiq_vision.safetensors"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// A sidecar name's canonical model name, or `None` if it names no vision parameter.
+fn sidecar_canonical(name: &str) -> Option<String> {
+    let full = if name.starts_with("model.") {
+        name.to_string()
+    } else if name.starts_with("encoder.") {
+        format!("model.{name}")
+    } else {
+        format!("model.encoder.{name}")
+    };
+    (full.starts_with("model.encoder.vision_tower.")
+        || full.starts_with("model.encoder.embed_vision."))
+    .then_some(full)
+}
+
 /// Resolves a file name from the index's `weight_map` against the checkpoint directory.
 ///
 /// The file is a path relative to the directory: a shard (`model-00001-of-00002.safetensors`) or
@@ -370,8 +515,6 @@ impl Checkpoint {
 /// could reach outside the directory (absolute, or with a `..` component) is refused, as is an
 /// empty one; the `Err` says why. Nothing is touched on disk, and symlinks are not resolved (a
 /// Hugging Face cache snapshot links every file to a blob outside the snapshot directory).
-///
-/// `dg-vision` applies the same rule to the same index (`dg-vision/src/weights.rs`).
 fn resolve_index_file(dir: &Path, file: &str) -> Result<PathBuf, String> {
     use std::path::Component;
     if file.is_empty() {
@@ -406,7 +549,7 @@ fn resolve_index_file(dir: &Path, file: &str) -> Result<PathBuf, String> {
 /// relative to the checkpoint directory, see [`resolve_index_file`]) must be there.
 fn check_index(dir: &Path) -> Result<(), CoreError> {
     let index = dir.join("model.safetensors.index.json");
-    let Ok(text) = std::fs::read_to_string(&index) else {
+    let Some(text) = dg_files::read_text_if_present(&index, dg_files::CONFIG_MAX_BYTES)? else {
         return Ok(());
     };
     let bad = |reason: String| CoreError::Checkpoint {
@@ -429,10 +572,18 @@ fn check_index(dir: &Path) -> Result<(), CoreError> {
         }
         let path = resolve_index_file(dir, file)
             .map_err(|why| bad(format!("weight_map[{tensor}] names {why}")))?;
-        if !path.is_file() {
-            return Err(bad(format!(
-                "weight_map[{tensor}] names {file}, which is missing"
-            )));
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(_) => {
+                return Err(bad(format!(
+                    "weight_map[{tensor}] names {file}, which is not a regular file"
+                )))
+            }
+            Err(_) => {
+                return Err(bad(format!(
+                    "weight_map[{tensor}] names {file}, which is missing"
+                )))
+            }
         }
     }
     Ok(())
@@ -481,9 +632,40 @@ mod tests {
             use_clipped_linears: true,
         };
         let ck = Checkpoint::open(&dir, opts).unwrap();
-        // The text loader maps the model shard only, once; the sidecar is dg-vision's.
-        assert_eq!(ck.shards.len(), 1);
+        // The model shard and the sidecar the index names, each mapped once.
+        let files: Vec<&Path> = ck.files().collect();
+        assert_eq!(
+            files,
+            [
+                dir.join("model.safetensors").as_path(),
+                dir.join("optiq/optiq_vision.safetensors").as_path()
+            ]
+        );
+        assert_eq!(ck.sidecar(), Some(files[1]));
         assert!(ck.contains("model.decoder.embed_tokens.weight"));
+        let projection = "model.encoder.embed_vision.embedding_projection.weight";
+        assert_eq!(ck.file_of(projection).unwrap(), files[1]);
+        // Without a vision tower the sidecar is not mapped.
+        let text = SanitizeOptions {
+            has_vision_tower: false,
+            use_clipped_linears: false,
+        };
+        let ck = Checkpoint::open(&dir, text).unwrap();
+        assert_eq!(ck.files().count(), 1);
+        assert!(!ck.contains(projection));
+    }
+
+    #[test]
+    fn sidecar_names_map_like_the_reference() {
+        assert_eq!(
+            sidecar_canonical("vision_tower.patch_embedder.input_proj.weight").as_deref(),
+            Some("model.encoder.vision_tower.patch_embedder.input_proj.weight")
+        );
+        assert_eq!(
+            sidecar_canonical("encoder.embed_vision.embedding_projection.weight").as_deref(),
+            Some("model.encoder.embed_vision.embedding_projection.weight")
+        );
+        assert_eq!(sidecar_canonical("audio_tower.x.weight"), None);
     }
 
     #[test]

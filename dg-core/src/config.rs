@@ -277,7 +277,9 @@ pub struct QuantizationConfig {
 }
 
 impl QuantizationConfig {
-    fn parse(value: &serde_json::Value) -> Result<Self, String> {
+    /// Parses config.json's `quantization` block (the text model's and the vision tower's
+    /// linears alike); the error names the field at fault (`quantization.bits: ...`).
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, String> {
         let map = value.as_object().ok_or("quantization: not an object")?;
         // Both numbers are checked against what MLX affine supports (`dg_quant::QuantSpec`),
         // with checked conversions: 2^32 + 4 bits is an error, not 4.
@@ -328,6 +330,9 @@ impl QuantizationConfig {
                 .as_str()
                 .ok_or("quantization.mode: not a string")?
                 .into();
+            if out.mode != "affine" {
+                return Err(format!("quantization.mode {:?} is not supported", out.mode));
+            }
         }
         for (key, v) in map {
             if matches!(key.as_str(), "bits" | "group_size" | "mode") {
@@ -431,10 +436,7 @@ fn default_canvas() -> usize {
 impl ModelConfig {
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, CoreError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CoreError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = dg_files::read_text(path, dg_files::CONFIG_MAX_BYTES)?;
         Self::from_json_str(&text).map_err(|e| match e {
             CoreError::Config { reason, .. } => CoreError::Config {
                 path: path.to_owned(),
@@ -465,7 +467,7 @@ impl ModelConfig {
         let quantization = raw
             .quantization
             .as_ref()
-            .map(QuantizationConfig::parse)
+            .map(QuantizationConfig::from_json)
             .transpose()
             .map_err(bad)?;
         let config = ModelConfig {
@@ -642,11 +644,6 @@ impl ModelConfig {
         }
         if t.attention_bias {
             return Err("text_config.attention_bias = true is not supported".into());
-        }
-        if let Some(q) = &self.quantization {
-            if q.mode != "affine" {
-                return Err(format!("quantization.mode {:?} is not supported", q.mode));
-            }
         }
         Ok(())
     }

@@ -15,6 +15,9 @@ pub enum CoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A checkpoint file is missing, not a regular file, or over its size cap.
+    #[error(transparent)]
+    File(#[from] dg_files::FileError),
     /// `config.json` is malformed or describes an unsupported model.
     #[error("{path}: {reason}")]
     Config {
@@ -38,6 +41,16 @@ pub enum CoreError {
         name: String,
         /// The checkpoint directory.
         dir: PathBuf,
+    },
+    /// Two model shards hold the same tensor (the reference would silently keep the last).
+    #[error("tensor {name} is in two shards: {first} and {second}")]
+    DuplicateTensor {
+        /// The tensor's (sanitized) name.
+        name: String,
+        /// The shard read first.
+        first: PathBuf,
+        /// The shard that holds it again.
+        second: PathBuf,
     },
     /// A tensor has the wrong shape or dtype.
     #[error("tensor {name} in {path}: {reason}")]

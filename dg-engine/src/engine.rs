@@ -113,13 +113,18 @@ impl<'a> LoadBuilder<'a> {
             &reference_settings,
         )?;
         #[cfg(feature = "vision")]
-        let vision = if config.vision_config.is_some() {
-            Some(dg_vision::VisionModel::load(&dir)?)
-        } else {
-            None
+        let vision_config = match config.vision_config {
+            Some(_) => Some(dg_vision::CheckpointConfig::load(&dir)?),
+            None => None,
         };
+        // One checkpoint, each shard (and the vision sidecar) mapped once, for both towers.
         let ck =
             Checkpoint::open(&dir, dg_core::model::sanitize_options(&config)).map_err(model_err)?;
+        #[cfg(feature = "vision")]
+        let vision = match vision_config {
+            Some(c) => Some(dg_vision::VisionModel::from_checkpoint(&ck, c)?),
+            None => None,
+        };
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| true));
         let mut model =
             TextModel::from_checkpoint(&ck, config, &mut *progress).map_err(|e| match e {
@@ -246,8 +251,9 @@ fn check_token_ids(
 /// Whether the checkpoint ships a chat template (`chat_template.jinja` or a `chat_template`
 /// field in tokenizer_config.json), as transformers looks for one.
 fn has_chat_template(dir: &Path) -> bool {
-    dir.join("chat_template.jinja").is_file()
-        || std::fs::read_to_string(dir.join("tokenizer_config.json"))
+    let config = dir.join("tokenizer_config.json");
+    dir.join("chat_template.jinja").exists()
+        || dg_files::read_text(&config, dg_files::CONFIG_MAX_BYTES)
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .is_some_and(|v| v.get("chat_template").is_some_and(|c| !c.is_null()))
@@ -255,24 +261,17 @@ fn has_chat_template(dir: &Path) -> bool {
 
 fn read_generation_config(dir: &Path) -> Result<GenerationSettings> {
     let path = dir.join("generation_config.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let value: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| EngineError::File {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
-            GenerationSettings::resolve(Some(&value)).map_err(|e| EngineError::File {
-                path,
-                reason: e.to_string(),
-            })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(GenerationSettings::default()),
-        Err(e) => Err(EngineError::File {
-            path,
-            reason: e.to_string(),
-        }),
-    }
+    let Some(text) = dg_files::read_text_if_present(&path, dg_files::CONFIG_MAX_BYTES)? else {
+        return Ok(GenerationSettings::default());
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::File {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    GenerationSettings::resolve(Some(&value)).map_err(|e| EngineError::File {
+        path,
+        reason: e.to_string(),
+    })
 }
 
 /// A loaded DiffusionGemma checkpoint. `Send + Sync`: one instance serves many threads.

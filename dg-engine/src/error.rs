@@ -33,6 +33,9 @@ pub enum EngineError {
     #[error(transparent)]
     #[cfg(feature = "vision")]
     Vision(#[from] dg_vision::VisionError),
+    /// A checkpoint file is missing, not a regular file, or over its size cap.
+    #[error(transparent)]
+    CheckpointFile(#[from] dg_files::FileError),
     /// A checkpoint file other than the weights is unreadable or malformed.
     #[error("{path}: {reason}")]
     File {

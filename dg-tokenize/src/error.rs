@@ -6,15 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A file could not be read.
-    #[error("reading {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// A checkpoint file is missing, not a regular file, or over its size cap.
+    #[error(transparent)]
+    File(#[from] dg_files::FileError),
     /// A file is not valid JSON.
     #[error("parsing {path}: {source}")]
     Json {

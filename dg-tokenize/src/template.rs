@@ -92,7 +92,7 @@ impl ChatTemplate {
     /// Reads and compiles a `chat_template.jinja` file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let source = read_capped(path, TEMPLATE_SOURCE_MAX)?;
+        let source = dg_files::read_text(path, TEMPLATE_SOURCE_MAX as u64)?;
         Self::compile(source, Some(path.to_path_buf()))
     }
 
@@ -102,12 +102,13 @@ impl ChatTemplate {
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let jinja = dir.join("chat_template.jinja");
-        if jinja.is_file() {
+        // `exists`, not `is_file`: a FIFO or a device there is an error, not skipped.
+        if jinja.exists() {
             return Self::from_file(jinja);
         }
         let config = dir.join("tokenizer_config.json");
-        if config.is_file() {
-            let text = read_capped(&config, TEMPLATE_SOURCE_MAX)?;
+        if config.exists() {
+            let text = dg_files::read_text(&config, TEMPLATE_SOURCE_MAX as u64)?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|source| Error::Json {
                     path: config.clone(),
@@ -275,29 +276,6 @@ impl std::io::Write for CappedWriter {
     }
 }
 
-/// Reads a regular file of at most `max` bytes as text (a FIFO or a device is refused, not
-/// read until it ends).
-fn read_capped(path: &Path, max: usize) -> Result<String> {
-    use std::io::Read;
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::other("not a regular file")));
-    }
-    let mut text = String::new();
-    file.take(max as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(io)?;
-    if text.len() > max {
-        return Err(io(std::io::Error::other(format!("more than {max} bytes"))));
-    }
-    Ok(text)
-}
-
 #[cfg(test)]
 mod limits {
     use super::*;
@@ -347,7 +325,7 @@ mod limits {
         std::fs::write(&big, "x".repeat(TEMPLATE_SOURCE_MAX + 1)).unwrap();
         let err = ChatTemplate::from_file(&big).unwrap_err().to_string();
         assert!(
-            err.contains("more than 4194304 bytes") && err.contains("chat_template.jinja"),
+            err.contains("larger than the 4194304-byte cap") && err.contains("chat_template.jinja"),
             "{err}"
         );
         #[cfg(unix)]

@@ -98,11 +98,9 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+/// Reads a JSON file of at most `max` bytes (a regular file; see `dg_files`).
+fn read_json(path: &Path, max: u64) -> Result<Value> {
+    let text = dg_files::read_text(path, max)?;
     serde_json::from_str(&text).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
@@ -249,7 +247,8 @@ impl Tokenizer {
         let config = dir.join("tokenizer_config.json");
         Self::from_files(
             dir.join("tokenizer.json"),
-            config.is_file().then_some(config.as_path()),
+            // `exists`, not `is_file`: a FIFO or a device there is an error, not skipped.
+            config.exists().then_some(config.as_path()),
         )
     }
 
@@ -259,9 +258,9 @@ impl Tokenizer {
         tokenizer_config: Option<&Path>,
     ) -> Result<Self> {
         let path = tokenizer_json.as_ref().to_path_buf();
-        let mut json = read_json(&path)?;
+        let mut json = read_json(&path, dg_files::TOKENIZER_MAX_BYTES)?;
         let cfg = match tokenizer_config {
-            Some(p) => parse_config(p, &read_json(p)?)?,
+            Some(p) => parse_config(p, &read_json(p, dg_files::CONFIG_MAX_BYTES)?)?,
             None => TokenizerConfig::default(),
         };
         // The reference picks its streaming detokenizer from the decoder *as written in the file*.

@@ -2,8 +2,9 @@
 //! (`optiq/vlm/_mlxvlm/models/gemma4/config.py::VisionConfig`,
 //! `diffusion_gemma/config.py::ModelConfig`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use dg_core::config::QuantizationConfig;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -208,34 +209,6 @@ impl VisionConfig {
     }
 }
 
-/// Bits and group size of one quantized module.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuantParams {
-    /// Bits per weight.
-    pub bits: u32,
-    /// Elements per scale/bias group.
-    pub group_size: usize,
-}
-
-/// `config.json`'s `quantization`: the defaults plus per-module entries. A module is quantized
-/// when the checkpoint carries `<path>.scales` (the reference loader's predicate); its
-/// parameters come from its own entry if there is one, else from the defaults.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct QuantConfig {
-    /// The top-level `bits` / `group_size`, if any.
-    pub default: Option<QuantParams>,
-    /// Entries by full module path.
-    pub per_module: BTreeMap<String, QuantParams>,
-}
-
-impl QuantConfig {
-    /// Parameters for the module at `path` (its full name, e.g.
-    /// `model.encoder.vision_tower.encoder.layers.0.self_attn.q_proj.linear`).
-    pub fn params_for(&self, path: &str) -> Option<QuantParams> {
-        self.per_module.get(path).copied().or(self.default)
-    }
-}
-
 /// What the vision path needs from a checkpoint's `config.json`.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -244,8 +217,8 @@ pub struct CheckpointConfig {
     pub vision: Option<VisionConfig>,
     /// `text_config.hidden_size`: the width the embedder projects into.
     pub text_hidden_size: usize,
-    /// The `quantization` block (empty when unquantized).
-    pub quantization: QuantConfig,
+    /// The `quantization` block (`None` when unquantized): the text model's parser and rules.
+    pub quantization: Option<QuantizationConfig>,
     /// Image placeholder token id.
     pub image_token_id: Option<u32>,
     /// Begin-of-image token id.
@@ -258,10 +231,7 @@ impl CheckpointConfig {
     /// Reads `<dir>/config.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| VisionError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text = dg_files::read_text(&path, dg_files::CONFIG_MAX_BYTES)?;
         let value: Value = serde_json::from_str(&text).map_err(|e| VisionError::Config {
             path: path.clone(),
             field: "(file)".into(),
@@ -321,8 +291,8 @@ impl CheckpointConfig {
             }
         };
         let quantization = match value.get("quantization") {
-            None | Some(Value::Null) => QuantConfig::default(),
-            Some(q) => parse_quantization(q).map_err(|(f, m)| err(&f, m))?,
+            None | Some(Value::Null) => None,
+            Some(q) => Some(QuantizationConfig::from_json(q).map_err(|m| err("quantization", m))?),
         };
         Ok(Self {
             vision,
@@ -333,48 +303,6 @@ impl CheckpointConfig {
             eoi_token_id: token("eoi_token_id", Some(258882))?,
         })
     }
-}
-
-fn parse_quantization(q: &Value) -> std::result::Result<QuantConfig, (String, String)> {
-    let obj = q
-        .as_object()
-        .ok_or_else(|| ("quantization".to_string(), "not an object".to_string()))?;
-    let params = |field: String, v: &Value| -> std::result::Result<QuantParams, (String, String)> {
-        let bits = v.get("bits").and_then(Value::as_u64);
-        let group = v.get("group_size").and_then(Value::as_u64);
-        match (bits, group) {
-            (Some(b), Some(g)) => match (u32::try_from(b), usize::try_from(g)) {
-                (Ok(bits @ 1..=8), Ok(group_size)) if group_size > 0 => {
-                    Ok(QuantParams { bits, group_size })
-                }
-                _ => Err((field, format!("bad bits/group_size in {v}"))),
-            },
-            _ => Err((field, format!("bad bits/group_size in {v}"))),
-        }
-    };
-    if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
-        if mode != "affine" {
-            return Err((
-                "quantization.mode".into(),
-                format!("`{mode}` (only affine)"),
-            ));
-        }
-    }
-    let default = if obj.contains_key("bits") || obj.contains_key("group_size") {
-        Some(params("quantization".into(), q)?)
-    } else {
-        None
-    };
-    let mut per_module = BTreeMap::new();
-    for (k, v) in obj {
-        if v.is_object() {
-            per_module.insert(k.clone(), params(format!("quantization.{k}"), v)?);
-        }
-    }
-    Ok(QuantConfig {
-        default,
-        per_module,
-    })
 }
 
 #[cfg(test)]
@@ -413,24 +341,23 @@ mod tests {
     }
 
     #[test]
-    fn quantization_entries() {
+    fn quantization_is_the_text_models_block() {
         let v: Value = serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
-            "a.b": {"group_size": 64, "bits": 8}}});
+            "a.b": {"group_size": 64, "bits": 8}, "c": false}});
         let c = CheckpointConfig::from_json(&v, Path::new("config.json")).unwrap();
-        let q = c.quantization;
+        let q = c.quantization.unwrap();
+        assert_eq!(q.default.map(|d| (d.bits, d.group_size)), Some((4, 64)));
         assert_eq!(
-            q.params_for("a.b"),
-            Some(QuantParams {
-                bits: 8,
-                group_size: 64
-            })
+            q.modules["a.b"].map(|d| (d.bits, d.group_size)),
+            Some((8, 64))
         );
-        assert_eq!(
-            q.params_for("x"),
-            Some(QuantParams {
-                bits: 4,
-                group_size: 64
-            })
+        assert_eq!(q.modules["c"], None);
+        let v: Value =
+            serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "mxfp4"}});
+        let e = CheckpointConfig::from_json(&v, Path::new("/m/config.json")).unwrap_err();
+        assert!(
+            e.to_string().contains("quantization.mode") && e.to_string().contains("/m/config.json"),
+            "{e}"
         );
     }
 

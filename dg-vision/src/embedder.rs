@@ -1,10 +1,12 @@
 //! `MultimodalEmbedder` (`gemma4/gemma4.py`): a scale-free RMS norm (eps = the vision config's
 //! `rms_norm_eps`) then `embedding_projection` into the text hidden size.
 
-use crate::config::QuantConfig;
+use dg_core::checkpoint::Checkpoint;
+use dg_core::config::QuantizationConfig;
+use dg_core::model::linear::Linear;
+
 use crate::error::Result;
-use crate::linear::Linear;
-use crate::weights::TensorStore;
+use crate::tower::load_linear;
 
 pub(crate) struct Embedder {
     projection: Linear,
@@ -13,14 +15,14 @@ pub(crate) struct Embedder {
 
 impl Embedder {
     pub fn load(
-        store: &TensorStore,
-        quant: &QuantConfig,
+        ck: &Checkpoint,
+        quant: Option<&QuantizationConfig>,
         vision_hidden: usize,
         text_hidden: usize,
         eps: f32,
     ) -> Result<Self> {
-        let projection = Linear::load(
-            store,
+        let projection = load_linear(
+            ck,
             quant,
             "model.encoder.embed_vision.embedding_projection",
             false,
@@ -39,6 +41,6 @@ impl Embedder {
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut normed = x.to_vec();
         dg_quant::ops::rms_norm_rows_inplace(&mut normed, self.projection.in_dim, None, self.eps);
-        self.projection.forward(&normed, n)
+        Ok(self.projection.forward(&normed, n)?)
     }
 }

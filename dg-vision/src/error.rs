@@ -84,44 +84,13 @@ pub enum VisionError {
         /// The config file.
         path: PathBuf,
     },
-    /// A safetensors file could not be parsed.
-    #[error("{path}: invalid safetensors file: {message}")]
-    Safetensors {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// A tensor the tower needs is in none of the checkpoint's files.
-    #[error("tensor `{name}` not found in {searched}")]
-    MissingTensor {
-        /// The tensor's name.
-        name: String,
-        /// The files searched.
-        searched: String,
-    },
-    /// A tensor has an unexpected dtype.
-    #[error("tensor `{name}` in {path}: dtype {dtype} not supported here (want {expected})")]
-    TensorDtype {
-        /// The tensor's name.
-        name: String,
-        /// The file that holds it.
-        path: PathBuf,
-        /// Its dtype.
-        dtype: String,
-        /// The dtype(s) accepted.
-        expected: &'static str,
-    },
-    /// A tensor has an unexpected shape.
-    #[error("tensor `{name}`: shape {got:?}, expected {expected:?}")]
-    TensorShape {
-        /// The tensor's name.
-        name: String,
-        /// The shape the config calls for.
-        expected: Vec<usize>,
-        /// The shape stored.
-        got: Vec<usize>,
-    },
+    /// The checkpoint's tensors: a shard or the sidecar unreadable, a tensor missing or of the
+    /// wrong shape or dtype (the loader shared with the text model names which).
+    #[error(transparent)]
+    Checkpoint(#[from] dg_core::CoreError),
+    /// A checkpoint file (`config.json`) is missing, not a regular file, or over its size cap.
+    #[error(transparent)]
+    File(#[from] dg_files::FileError),
     /// The quantized-matrix layer rejected a tensor.
     #[error("quantized tensor `{name}`: {message}")]
     Quant {

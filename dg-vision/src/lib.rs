@@ -15,7 +15,9 @@
 //!
 //! Modules: [`decode`] (bytes to RGB as Pillow's `convert("RGB")`), [`preprocess`] (resize
 //! budget, Pillow-exact bicubic, rescale), [`patches`] (patchify and the inline-4-bit uint32
-//! quirk), the tower (`tower`, `rope2d`), the embedder, and the weight loader (`weights`).
+//! quirk), the tower (`tower`, `rope2d`) and the embedder. The weights are read through dg-core's
+//! [`Checkpoint`] (shards and the vision sidecar, mapped once, shared with the text model) and
+//! its linear layers.
 
 #![warn(missing_docs)]
 
@@ -23,22 +25,38 @@ pub mod config;
 pub mod decode;
 mod embedder;
 pub mod error;
-mod linear;
 pub mod patches;
 pub mod preprocess;
 mod resize;
 mod rope2d;
 mod tower;
-mod weights;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{CheckpointConfig, QuantConfig, QuantParams, VisionConfig};
+use dg_core::checkpoint::{Checkpoint, SanitizeOptions};
+
+pub use config::{CheckpointConfig, VisionConfig};
 pub use decode::{decode_rgb8, DecodeLimits, ExifOrientation, RgbImage};
+pub use dg_core::checkpoint::find_vision_sidecar;
 pub use error::{Result, VisionError};
 pub use preprocess::{ImageProcessor, PreparedImage};
 pub use tower::TowerOutput;
-pub use weights::{find_vision_sidecar, WeightLayout};
+
+/// Where the tower's weights came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WeightLayout {
+    /// In the model shards (`model.encoder.vision_tower.*`); `quantized` when `input_proj` is.
+    Inline {
+        /// Whether the tower's linears are quantized.
+        quantized: bool,
+    },
+    /// In the bf16 sidecar at this path.
+    Sidecar {
+        /// The sidecar safetensors file.
+        path: PathBuf,
+    },
+}
 
 /// Features for one image, ready to replace its image-token embeddings.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,24 +159,43 @@ impl VisionModel {
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let config = CheckpointConfig::load(dir)?;
+        let Some(vision) = &config.vision else {
+            return Err(VisionError::NoVisionTower {
+                path: dir.join("config.json"),
+            });
+        };
+        let opts = SanitizeOptions {
+            has_vision_tower: true,
+            use_clipped_linears: vision.use_clipped_linears,
+        };
+        Self::from_checkpoint(&Checkpoint::open(dir, opts)?, config)
+    }
+
+    /// Builds the tower and embedder from a checkpoint already opened (with
+    /// `has_vision_tower`, so that it holds the sidecar's tensors too) and its `config.json`: the
+    /// engine opens one [`Checkpoint`] for the text model and the tower.
+    pub fn from_checkpoint(ck: &Checkpoint, config: CheckpointConfig) -> Result<Self> {
+        let dir = ck.dir();
         let vision = config
             .vision
             .clone()
             .ok_or_else(|| VisionError::NoVisionTower {
                 path: dir.join("config.json"),
             })?;
-        let store = weights::TensorStore::open(dir)?;
-        let tower = tower::VisionTower::load(&store, &config.quantization, &vision)?;
+        let quant = config.quantization.as_ref();
+        let tower = tower::VisionTower::load(ck, quant, &vision)?;
         let embedder = embedder::Embedder::load(
-            &store,
-            &config.quantization,
+            ck,
+            quant,
             vision.hidden_size,
             config.text_hidden_size,
             vision.rms_norm_eps,
         )?;
         let probe = "model.encoder.vision_tower.patch_embedder.input_proj.weight";
-        let layout = match (&store.sidecar, store.is_from_sidecar(probe)) {
-            (Some(path), true) => WeightLayout::Sidecar { path: path.clone() },
+        let layout = match ck.sidecar() {
+            Some(sidecar) if ck.file_of(probe)? == sidecar => WeightLayout::Sidecar {
+                path: sidecar.to_owned(),
+            },
             _ => WeightLayout::Inline {
                 quantized: tower.quantized_input_proj(),
             },

@@ -9,12 +9,14 @@
 
 use rayon::prelude::*;
 
-use crate::config::{QuantConfig, VisionConfig};
+use dg_core::checkpoint::{Checkpoint, FloatView};
+use dg_core::config::QuantizationConfig;
+use dg_core::model::linear::{Clip, Linear, PlainWeights, Storage};
+
+use crate::config::VisionConfig;
 use crate::error::{Result, VisionError};
-use crate::linear::Linear;
 use crate::patches::{patch_positions, patch_value_table, patchify};
 use crate::rope2d::Rope2d;
-use crate::weights::{TensorRef, TensorStore};
 
 const PREFIX: &str = "model.encoder.vision_tower";
 
@@ -51,15 +53,36 @@ pub struct TowerOutput {
 pub(crate) struct VisionTower {
     pub config: VisionConfig,
     input_proj: Linear,
-    position_table: TensorRef,
+    position_table: FloatView,
     blocks: Vec<Block>,
     standardize: Option<(Vec<f32>, Vec<f32>)>,
 }
 
-fn vec_f32(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>> {
-    let t = store.get(name)?;
-    t.expect_shape(&[len])?;
-    t.to_f32()
+fn vec_f32(ck: &Checkpoint, name: &str, len: usize) -> Result<Vec<f32>> {
+    Ok(ck.f32(name, &[len])?)
+}
+
+/// Loads the linear at module path `module`: for a `ClippableLinear` (`clippable`), the matrix
+/// lives at `<module>.linear`, and its bounds beside it when the config clips. Plain weights
+/// stay mapped (see [`PlainWeights::Mapped`]).
+pub(crate) fn load_linear(
+    ck: &Checkpoint,
+    quant: Option<&QuantizationConfig>,
+    module: &str,
+    clippable: bool,
+    clipped: bool,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<Linear> {
+    let path = match clippable {
+        true => format!("{module}.linear"),
+        false => module.to_string(),
+    };
+    let linear = Linear::load_with(ck, quant, &path, out_dim, in_dim, PlainWeights::Mapped)?;
+    Ok(match clippable && clipped {
+        true => linear.with_clip(Clip::load(ck, module)?),
+        false => linear,
+    })
 }
 
 /// `mx.fast.rms_norm` over every `dim`-wide row, in parallel over rows.
@@ -70,13 +93,17 @@ fn rms_norm_rows(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
 }
 
 impl VisionTower {
-    pub fn load(store: &TensorStore, quant: &QuantConfig, config: &VisionConfig) -> Result<Self> {
+    pub fn load(
+        ck: &Checkpoint,
+        quant: Option<&QuantizationConfig>,
+        config: &VisionConfig,
+    ) -> Result<Self> {
         let c = config;
         let h = c.hidden_size;
         let clipped = c.use_clipped_linears;
         let patch_dim = 3 * c.patch_size * c.patch_size;
-        let input_proj = Linear::load(
-            store,
+        let input_proj = load_linear(
+            ck,
             quant,
             &format!("{PREFIX}.patch_embedder.input_proj"),
             false,
@@ -84,18 +111,18 @@ impl VisionTower {
             patch_dim,
             h,
         )?;
-        let position_table =
-            store.get(&format!("{PREFIX}.patch_embedder.position_embedding_table"))?;
-        position_table.expect_shape(&[2, c.position_embedding_size, h])?;
-        position_table.to_f32()?; // dtype check at load
+        let position_table = ck.float_view(
+            &format!("{PREFIX}.patch_embedder.position_embedding_table"),
+            &[2, c.position_embedding_size, h],
+        )?;
         let q_dim = c.num_attention_heads * c.head_dim;
         let kv_dim = c.num_key_value_heads * c.head_dim;
         let mut blocks = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("{PREFIX}.encoder.layers.{i}");
             let lin = |name: &str, i_dim: usize, o_dim: usize| {
-                Linear::load(
-                    store,
+                load_linear(
+                    ck,
                     quant,
                     &format!("{p}.{name}"),
                     true,
@@ -109,24 +136,24 @@ impl VisionTower {
                 k_proj: lin("self_attn.k_proj", h, kv_dim)?,
                 v_proj: lin("self_attn.v_proj", h, kv_dim)?,
                 o_proj: lin("self_attn.o_proj", q_dim, h)?,
-                q_norm: vec_f32(store, &format!("{p}.self_attn.q_norm.weight"), c.head_dim)?,
-                k_norm: vec_f32(store, &format!("{p}.self_attn.k_norm.weight"), c.head_dim)?,
+                q_norm: vec_f32(ck, &format!("{p}.self_attn.q_norm.weight"), c.head_dim)?,
+                k_norm: vec_f32(ck, &format!("{p}.self_attn.k_norm.weight"), c.head_dim)?,
                 gate_proj: lin("mlp.gate_proj", h, c.intermediate_size)?,
                 up_proj: lin("mlp.up_proj", h, c.intermediate_size)?,
                 down_proj: lin("mlp.down_proj", c.intermediate_size, h)?,
-                input_layernorm: vec_f32(store, &format!("{p}.input_layernorm.weight"), h)?,
+                input_layernorm: vec_f32(ck, &format!("{p}.input_layernorm.weight"), h)?,
                 post_attention_layernorm: vec_f32(
-                    store,
+                    ck,
                     &format!("{p}.post_attention_layernorm.weight"),
                     h,
                 )?,
                 pre_feedforward_layernorm: vec_f32(
-                    store,
+                    ck,
                     &format!("{p}.pre_feedforward_layernorm.weight"),
                     h,
                 )?,
                 post_feedforward_layernorm: vec_f32(
-                    store,
+                    ck,
                     &format!("{p}.post_feedforward_layernorm.weight"),
                     h,
                 )?,
@@ -134,8 +161,8 @@ impl VisionTower {
         }
         let standardize = if c.standardize {
             Some((
-                vec_f32(store, &format!("{PREFIX}.std_bias"), h)?,
-                vec_f32(store, &format!("{PREFIX}.std_scale"), h)?,
+                vec_f32(ck, &format!("{PREFIX}.std_bias"), h)?,
+                vec_f32(ck, &format!("{PREFIX}.std_scale"), h)?,
             ))
         } else {
             None
@@ -151,7 +178,7 @@ impl VisionTower {
 
     /// Whether `input_proj` is quantized (the uint32-cast input quirk applies).
     pub fn quantized_input_proj(&self) -> bool {
-        self.input_proj.is_quantized()
+        matches!(self.input_proj.storage(), Storage::Quantized(_))
     }
 
     /// Patch projection plus position embeddings for the real patches, `[n, hidden]`.
@@ -165,7 +192,7 @@ impl VisionTower {
         let mut h = self.input_proj.forward(&patches, n)?;
         // one_hot(position) @ table for x and y, summed: a position past the table's end has an
         // all-zero one-hot and contributes nothing.
-        let table_f32 = self.position_table.to_f32()?;
+        let table_f32 = self.position_table.to_f32();
         let size = c.position_embedding_size;
         let row = |dim: usize, pos: usize| -> Option<&[f32]> {
             (pos < size).then(|| &table_f32[(dim * size + pos) * hd..(dim * size + pos + 1) * hd])
@@ -250,7 +277,7 @@ impl VisionTower {
                     .copy_from_slice(&ctx[tok * hd..(tok + 1) * hd]);
             }
         }
-        b.o_proj.forward(&out, n)
+        Ok(b.o_proj.forward(&out, n)?)
     }
 
     fn mlp(&self, b: &Block, x: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -259,7 +286,7 @@ impl VisionTower {
         gate.par_chunks_mut(4096)
             .zip(up.par_chunks(4096))
             .for_each(|(g, u)| dg_quant::ops::geglu_inplace(g, u));
-        b.down_proj.forward(&gate, n)
+        Ok(b.down_proj.forward(&gate, n)?)
     }
 
     /// Runs the tower on one resized image (`height x width x 3` RGB; both sides multiples of

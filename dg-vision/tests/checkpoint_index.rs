@@ -79,9 +79,9 @@ fn refused(dir: &Path, named: &str) {
     let e = VisionModel::load(dir).unwrap_err();
     let msg = e.to_string();
     match &e {
-        VisionError::Config { path, field, .. } => {
+        VisionError::Checkpoint(dg_core::CoreError::Checkpoint { path, reason }) => {
             assert_eq!(path, &dir.join(INDEX), "{msg}");
-            assert!(field.starts_with("weight_map["), "{msg}");
+            assert!(reason.starts_with("weight_map["), "{msg}");
         }
         other => panic!("expected an index error, got {other:?}"),
     }

@@ -421,7 +421,11 @@ fn bad_files_are_typed_errors() {
     let e = small.prepare_path(images.join("normal.png")).unwrap_err();
     assert!(matches!(e, VisionError::TooLarge { .. }), "{e}");
     let e = VisionModel::load(fixtures().join("no_such_model")).unwrap_err();
-    assert!(matches!(e, VisionError::Io { .. }), "{e}");
+    assert!(
+        matches!(&e, VisionError::File(f) if f.is_not_found())
+            && e.to_string().contains("no_such_model/config.json"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1,9 +1,12 @@
 //! Linear layers as the checkpoint stores them: MLX-affine quantized or plain, resolved the way the
-//! reference loader's `class_predicate` does it.
+//! reference loader's `class_predicate` does it, optionally clipped (Gemma 4's
+//! `ClippableLinear`). The text model and the vision tower both use these.
+
+use std::borrow::Cow;
 
 use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
 
-use crate::checkpoint::{Buf, Checkpoint};
+use crate::checkpoint::{Buf, Checkpoint, FloatView};
 use crate::config::{QuantEntry, QuantizationConfig};
 use crate::error::CoreError;
 use crate::lora::LoraFactors;
@@ -104,7 +107,45 @@ pub struct Linear {
     /// Input features (columns of `W`).
     pub in_dim: usize,
     weights: Weights,
+    clip: Option<Clip>,
     lora: Option<MountedLora>,
+}
+
+/// Where plain (unquantized) weights live once loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainWeights {
+    /// Widened to f32 at load: the text model runs every linear at every denoising step.
+    Widened,
+    /// Left in the mapped file and widened per call: the vision tower runs once per image, and
+    /// its bf16 sidecar would take twice the memory as f32.
+    Mapped,
+}
+
+/// Gemma 4's `ClippableLinear` bounds: the input and the output are clamped to scalars the
+/// checkpoint stores beside the matrix (`input_min`, `input_max`, `output_min`, `output_max`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Clip {
+    /// `(input_min, input_max)`.
+    pub input: (f32, f32),
+    /// `(output_min, output_max)`.
+    pub output: (f32, f32),
+}
+
+impl Clip {
+    /// Reads the bounds of the clippable module at `module` (`{module}.input_min`, ...).
+    pub fn load(ck: &Checkpoint, module: &str) -> Result<Self, CoreError> {
+        let s = |k: &str| ck.scalar_f32(&format!("{module}.{k}"));
+        Ok(Clip {
+            input: (s("input_min")?, s("input_max")?),
+            output: (s("output_min")?, s("output_max")?),
+        })
+    }
+}
+
+/// `mx.clip(x, lo, hi)`: `minimum(maximum(x, lo), hi)`.
+#[inline]
+fn clamp(v: f32, (lo, hi): (f32, f32)) -> f32 {
+    v.max(lo).min(hi)
 }
 
 /// A LoRA adapter's factors on one layer and the factor on their product.
@@ -116,12 +157,41 @@ struct MountedLora {
 
 #[derive(Clone, Debug)]
 enum Weights {
-    Dense(Vec<f32>),
+    Dense(Plain),
     Quantized(QuantizedWeights),
 }
 
+#[derive(Clone, Debug)]
+enum Plain {
+    Widened(Vec<f32>),
+    Mapped(FloatView),
+}
+
+impl Plain {
+    fn load(
+        ck: &Checkpoint,
+        name: &str,
+        shape: &[usize],
+        form: PlainWeights,
+    ) -> Result<Self, CoreError> {
+        Ok(match form {
+            PlainWeights::Widened => Plain::Widened(ck.f32(name, shape)?),
+            PlainWeights::Mapped => Plain::Mapped(ck.float_view(name, shape)?),
+        })
+    }
+
+    /// The weights as f32: borrowed when widened at load, else widened now.
+    fn f32(&self) -> Cow<'_, [f32]> {
+        match self {
+            Plain::Widened(w) => Cow::Borrowed(w),
+            Plain::Mapped(v) => Cow::Owned(v.to_f32()),
+        }
+    }
+}
+
 impl Linear {
-    /// Loads the module at `path` (`{path}.weight`, plus scales/biases when quantized).
+    /// Loads the module at `path` (`{path}.weight`, plus scales/biases when quantized); plain
+    /// weights are widened to f32 now.
     pub fn load(
         ck: &Checkpoint,
         quant: Option<&QuantizationConfig>,
@@ -129,10 +199,25 @@ impl Linear {
         out_dim: usize,
         in_dim: usize,
     ) -> Result<Self, CoreError> {
+        Self::load_with(ck, quant, path, out_dim, in_dim, PlainWeights::Widened)
+    }
+
+    /// [`Linear::load`], with plain weights kept as `plain` says.
+    pub fn load_with(
+        ck: &Checkpoint,
+        quant: Option<&QuantizationConfig>,
+        path: &str,
+        out_dim: usize,
+        in_dim: usize,
+        plain: PlainWeights,
+    ) -> Result<Self, CoreError> {
         let weights = match resolve_storage(ck, quant, path, out_dim * in_dim)? {
-            Storage::Dense => {
-                Weights::Dense(ck.f32(&format!("{path}.weight"), &[out_dim, in_dim])?)
-            }
+            Storage::Dense => Weights::Dense(Plain::load(
+                ck,
+                &format!("{path}.weight"),
+                &[out_dim, in_dim],
+                plain,
+            )?),
             Storage::Quantized(spec) => Weights::Quantized(QuantizedWeights::load(
                 ck,
                 path,
@@ -147,8 +232,15 @@ impl Linear {
             out_dim,
             in_dim,
             weights,
+            clip: None,
             lora: None,
         })
+    }
+
+    /// Clamps the input and the output of every [`forward`](Self::forward) to `clip`.
+    pub fn with_clip(mut self, clip: Clip) -> Self {
+        self.clip = Some(clip);
+        self
     }
 
     /// The module path, for error messages.
@@ -183,11 +275,25 @@ impl Linear {
         }
     }
 
-    /// `x [m, in] @ W^T -> [m, out]`, plus the mounted adapter's `scale * (x @ A) @ B`.
+    /// `x [m, in] @ W^T -> [m, out]`, plus the mounted adapter's `scale * (x @ A) @ B`; with a
+    /// [`Clip`], the input is clamped first and the output last, as `ClippableLinear` does.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
+        let clipped_in;
+        let x = match &self.clip {
+            Some(c) => {
+                clipped_in = x.iter().map(|&v| clamp(v, c.input)).collect::<Vec<_>>();
+                &clipped_in[..]
+            }
+            None => x,
+        };
         let mut out = self.forward_base(x, m)?;
         if let Some(lora) = &self.lora {
             self.add_lora(lora, x, m, &mut out)?;
+        }
+        if let Some(c) = &self.clip {
+            for v in &mut out {
+                *v = clamp(*v, c.output);
+            }
         }
         Ok(out)
     }
@@ -197,7 +303,7 @@ impl Linear {
         let mut out = vec![0.0f32; m * self.out_dim];
         match &self.weights {
             Weights::Dense(w) => {
-                dg_quant::matmul_f32(x, w, m, self.in_dim, self.out_dim, true, &mut out)
+                dg_quant::matmul_f32(x, &w.f32(), m, self.in_dim, self.out_dim, true, &mut out)
             }
             Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, &mut out),
         }
@@ -265,7 +371,7 @@ impl Linear {
         let mut out = vec![0.0f32; m * self.in_dim];
         match &self.weights {
             Weights::Dense(w) => {
-                dg_quant::matmul_f32(x, w, m, self.out_dim, self.in_dim, false, &mut out)
+                dg_quant::matmul_f32(x, &w.f32(), m, self.out_dim, self.in_dim, false, &mut out)
             }
             Weights::Quantized(q) => dg_quant::matmul(x, m, &self.qmatrix(q)?, &mut out),
         }
@@ -278,6 +384,7 @@ impl Linear {
         let mut out = vec![0.0f32; ids.len() * self.in_dim];
         match &self.weights {
             Weights::Dense(w) => {
+                let w = w.f32();
                 for (id, o) in ids.iter().zip(out.chunks_exact_mut(self.in_dim)) {
                     let r = *id as usize;
                     if r >= self.out_dim {
@@ -306,7 +413,7 @@ impl Linear {
     /// The whole weight matrix dequantized to f32 `[out, in]`.
     pub fn dequantized(&self) -> Result<Vec<f32>, CoreError> {
         match &self.weights {
-            Weights::Dense(w) => Ok(w.clone()),
+            Weights::Dense(w) => Ok(w.f32().into_owned()),
             Weights::Quantized(q) => {
                 let mut out = vec![0.0f32; self.out_dim * self.in_dim];
                 dg_quant::dequantize(&self.qmatrix(q)?, &mut out).map_err(|e| self.quant_err(e))?;
@@ -340,9 +447,12 @@ impl ExpertLinear {
         in_dim: usize,
     ) -> Result<Self, CoreError> {
         let weights = match resolve_storage(ck, quant, path, experts * out_dim * in_dim)? {
-            Storage::Dense => {
-                Weights::Dense(ck.f32(&format!("{path}.weight"), &[experts, out_dim, in_dim])?)
-            }
+            Storage::Dense => Weights::Dense(Plain::load(
+                ck,
+                &format!("{path}.weight"),
+                &[experts, out_dim, in_dim],
+                PlainWeights::Widened,
+            )?),
             Storage::Quantized(spec) => Weights::Quantized(QuantizedWeights::load(
                 ck,
                 path,
@@ -388,6 +498,7 @@ impl ExpertLinear {
                 dg_quant::gather_matmul_t(x, x_rows, &experts, pairs, &mut out).map_err(err)?;
             }
             Weights::Dense(w) => {
+                let w = w.f32();
                 let size = self.out_dim * self.in_dim;
                 for (p, &(row, e)) in pairs.iter().enumerate() {
                     let xr = &x[row * self.in_dim..(row + 1) * self.in_dim];
@@ -457,7 +568,7 @@ impl ExpertLinear {
                 }
                 Weights::Dense(w) => dg_quant::matmul_f32(
                     &rows,
-                    &w[e * n * k..(e + 1) * n * k],
+                    &w.f32()[e * n * k..(e + 1) * n * k],
                     ps.len(),
                     n,
                     k,
