@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Side-by-side: one LoRA training step (forward + backward + AdamW update) in the reference
+(mlx-optiq 0.7.7's `diffusion_loss` under `nn.value_and_grad`, as `train_diffusion_lora` runs it,
+router patched as lora_reference.py explains; as shipped in bf16 and cast to float32) and in dg
+(examples/lora_step_time.rs), on the same random checkpoint written by dg's Rust writer (the
+"medium" size of bench_step.py by default), in one run.
+
+    .venv-ref/bin/python tools/reference/bench_lora_step.py [--hidden 256 --experts 32 --canvas 64]
+
+Both sides: rank 8, scale 8.0, the default keys on every layer, AdamW lr 1e-4, a prompt of
+--prompt-len ids and a full-canvas target; one warm-up step, then the mean of --steps steps.
+Prints per-step seconds, the ratios reference / dg and each process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+
+def cargo_example(name: str, *args: str) -> str:
+    cmd = ["cargo", "run", "--quiet", "--release", "--example", name, "--", *args]
+    return subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
+def reference_step(model_dir: str, f32: bool, prompt_len: int, steps: int) -> float:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from optiq.vlm.diffusion_gemma import lora
+    from optiq.vlm.diffusion_gemma.generate import load
+
+    from lora_reference import patch_router_stop_gradient
+
+    patch_router_stop_gradient()
+    model, _ = load(model_dir)
+    if f32:
+        model.set_dtype(mx.float32)
+    vocab = model.config.text_config.vocab_size
+    canvas_len = model.config.canvas_length
+    model.freeze()
+    linear_to_lora_layers(model, len(model.layers), {"rank": 8, "scale": 8.0, "dropout": 0.0,
+                                                     "keys": lora.DEFAULT_LORA_KEYS})
+    model.train()
+    opt = optim.AdamW(learning_rate=1e-4)
+    loss_and_grad = nn.value_and_grad(model, lora.diffusion_loss)
+    prompt = mx.array([[(i * 7 + 3) % vocab for i in range(prompt_len)]], dtype=mx.int32)
+    target = mx.array([[(i * 37 + 11) % vocab for i in range(canvas_len)]], dtype=mx.int32)
+
+    def step():
+        loss, grads = loss_and_grad(model, prompt, target, t_min=0.4, t_max=0.8,
+                                    vocab_size=vocab)
+        opt.update(model, grads)
+        mx.eval(model.trainable_parameters(), opt.state, loss)
+
+    step()  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--canvas", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--child", choices=["bf16", "f32"])
+    ap.add_argument("--model")
+    a = ap.parse_args()
+
+    if a.child:
+        import mlx.core as mx
+        mx.set_default_device(mx.cpu)
+        per_step = reference_step(a.model, a.child == "f32", a.prompt_len, a.steps)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps({"per_step_s": per_step, "peak_rss_mb": peak}))
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cargo_example(
+            "write_checkpoint", "--out", tmp, "--hidden", str(a.hidden), "--experts",
+            str(a.experts), "--canvas", str(a.canvas), "--vocab", str(a.vocab),
+        )
+        results = {}
+        for kind in ["bf16", "f32"]:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", kind, "--model", tmp, "--prompt-len",
+                 str(a.prompt_len), "--steps", str(a.steps)],
+                check=True, capture_output=True, text=True,
+            ).stdout
+            results[f"reference_{kind}"] = json.loads(out.strip().splitlines()[-1])
+        start = time.perf_counter()
+        out = cargo_example("lora_step_time", "--model", tmp, "--prompt-len",
+                            str(a.prompt_len), "--steps", str(a.steps))
+        dg = json.loads(out.strip().splitlines()[-1])
+        dg["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        dg["wall_s_with_build"] = time.perf_counter() - start
+        results["dg"] = dg
+    results["ratio_vs_bf16"] = results["reference_bf16"]["per_step_s"] / dg["per_step_s"]
+    results["ratio_vs_f32"] = results["reference_f32"]["per_step_s"] / dg["per_step_s"]
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
