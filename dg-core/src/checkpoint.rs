@@ -572,18 +572,15 @@ fn check_index(dir: &Path) -> Result<(), CoreError> {
         }
         let path = resolve_index_file(dir, file)
             .map_err(|why| bad(format!("weight_map[{tensor}] names {why}")))?;
-        match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => {}
-            Ok(_) => {
-                return Err(bad(format!(
-                    "weight_map[{tensor}] names {file}, which is not a regular file"
-                )))
-            }
-            Err(_) => {
+        match dg_files::check_regular(&path) {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {
                 return Err(bad(format!(
                     "weight_map[{tensor}] names {file}, which is missing"
                 )))
             }
+            // A FIFO or a device: the file's own error ("…: a FIFO, not a regular file").
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

@@ -101,6 +101,22 @@ fn kind_of(file_type: std::fs::FileType) -> &'static str {
     }
 }
 
+/// Checks, without opening it, that `path` (the target, when it is a link) is a regular file;
+/// returns its size.
+pub fn check_regular(path: &Path) -> Result<u64, FileError> {
+    let meta = std::fs::metadata(path).map_err(|source| FileError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    match meta.is_file() {
+        true => Ok(meta.len()),
+        false => Err(FileError::NotRegular {
+            path: path.to_owned(),
+            kind: kind_of(meta.file_type()),
+        }),
+    }
+}
+
 /// Opens `path` for reading after checking that it (the target, when it is a link) is a regular
 /// file; returns the handle and the file's size.
 pub fn open_regular(path: &Path) -> Result<(File, u64), FileError> {
@@ -119,7 +135,7 @@ pub fn open_regular(path: &Path) -> Result<(File, u64), FileError> {
         }
     };
     // Checked before opening: opening a FIFO blocks until another process writes to it.
-    regular(std::fs::metadata(path).map_err(io)?)?;
+    check_regular(path)?;
     let file = File::open(path).map_err(io)?;
     // And on the handle: the path may have been replaced in between.
     let len = regular(file.metadata().map_err(io)?)?;
