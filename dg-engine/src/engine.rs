@@ -3,7 +3,6 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use dg_core::lora::{Adapter, AdapterConfig};
 use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
@@ -14,7 +13,6 @@ use crate::error::{EngineError, Result};
 use crate::output::{Event, Generation};
 use crate::prompt::{attach_images, PreparedPrompt};
 use crate::request::{ChatOptions, Defaults, Prompt, Request};
-use crate::scheduler::Stream;
 use crate::settings::GenerationSettings;
 
 /// Load progress: layers done and total. Return `false` to cancel loading.
@@ -609,14 +607,6 @@ impl DiffusionGemma {
         let job = self.job(request)?;
         let mut out = self.run(vec![job], &mut |_, event| on_event(event))?;
         Ok(out.pop().expect("one generation per request"))
-    }
-
-    /// Generates on a thread of its own and returns the [`Stream`] of its updates: an iterator
-    /// for sync code (`for update in model.stream(request)? { ... }`), `recv().await` for
-    /// async code; dropping it cancels within one denoising step. For many requests arriving
-    /// over time, a [`Scheduler`](crate::Scheduler) batches them instead.
-    pub fn stream(self: &Arc<Self>, request: Request) -> Result<Stream> {
-        Stream::spawn(self.clone(), request)
     }
 
     /// Generates several answers together: each denoising step of all of them is one batched

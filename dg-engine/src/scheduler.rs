@@ -195,6 +195,16 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
+impl DiffusionGemma {
+    /// Generates on a thread of its own and returns the [`Stream`] of its updates: an iterator
+    /// for sync code (`for update in model.stream(request)? { ... }`), `recv().await` for
+    /// async code; dropping it cancels within one denoising step. For many requests arriving
+    /// over time, a [`Scheduler`] batches them instead.
+    pub fn stream(self: &Arc<Self>, request: Request) -> Result<Stream> {
+        Stream::spawn(self.clone(), request)
+    }
+}
+
 impl Scheduler {
     /// Starts the worker thread.
     pub fn start(model: Arc<DiffusionGemma>, options: SchedulerOptions) -> Result<Self> {
