@@ -9,7 +9,7 @@ router patched as lora_reference.py explains; as shipped in bf16 and cast to flo
 
 Both sides: rank 8, scale 8.0, the default keys on every layer, AdamW lr 1e-4, a prompt of
 --prompt-len ids and a full-canvas target; one warm-up step, then the mean of --steps steps.
-Prints per-step seconds, the ratios reference / dg and each process's peak RSS.
+Prints per-step seconds, the ratios reference / dg and the reference processes' peak RSS.
 """
 
 from __future__ import annotations
@@ -39,16 +39,17 @@ def reference_step(model_dir: str, f32: bool, prompt_len: int, steps: int) -> fl
     import mlx.optimizers as optim
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from optiq.vlm.diffusion_gemma import lora
-    from optiq.vlm.diffusion_gemma.generate import load
+    # The loader, not generate.load: the random checkpoint's tokenizer is not a real one.
+    from optiq.vlm.diffusion_gemma.loader import load_diffusion_gemma
 
     from lora_reference import patch_router_stop_gradient
 
     patch_router_stop_gradient()
-    model, _ = load(model_dir)
+    model, config = load_diffusion_gemma(model_dir)
     if f32:
         model.set_dtype(mx.float32)
-    vocab = model.config.text_config.vocab_size
-    canvas_len = model.config.canvas_length
+    vocab = config["text_config"]["vocab_size"]
+    canvas_len = config["canvas_length"]
     model.freeze()
     linear_to_lora_layers(model, len(model.layers), {"rank": 8, "scale": 8.0, "dropout": 0.0,
                                                      "keys": lora.DEFAULT_LORA_KEYS})
@@ -108,7 +109,6 @@ def main() -> None:
         out = cargo_example("lora_step_time", "--model", tmp, "--prompt-len",
                             str(a.prompt_len), "--steps", str(a.steps))
         dg = json.loads(out.strip().splitlines()[-1])
-        dg["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         dg["wall_s_with_build"] = time.perf_counter() - start
         results["dg"] = dg
     results["ratio_vs_bf16"] = results["reference_bf16"]["per_step_s"] / dg["per_step_s"]
