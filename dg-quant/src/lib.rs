@@ -28,8 +28,10 @@ pub mod ops;
 pub mod peak;
 pub mod pool;
 mod scratch;
+pub mod sparse;
 
 pub use affine::{dequantize, embedding, quantize, quantize_f32, Quantized, QuantizedF32};
 pub use error::QuantError;
 pub use format::{QExperts, QMatrix, QuantSpec};
 pub use matmul::{gather_matmul_t, matmul, matmul_f32, matmul_t};
+pub use sparse::{matmul_sparse, SparseStats};

@@ -91,7 +91,7 @@ const TILED_TASK_ROWS: usize = 24;
 const TILED_KC: usize = 256;
 
 /// Dequantizes columns `c0..c1` (group-aligned) of row `r` of `w` into `out`.
-fn dequant_part(w: &QMatrix, r: usize, c0: usize, c1: usize, out: &mut [f32]) {
+pub(crate) fn dequant_part(w: &QMatrix, r: usize, c0: usize, c1: usize, out: &mut [f32]) {
     let (g, bits) = (w.spec.group_size, w.spec.bits as usize);
     let (s, b) = w.row_params(r);
     let words = w.row_words(r);

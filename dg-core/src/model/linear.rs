@@ -379,6 +379,19 @@ impl Linear {
         Ok(out)
     }
 
+    /// `x @ W` for rows of probabilities (the soft embeddings): quantized weights skip each
+    /// row's smallest probabilities within the bound of `dg_quant::sparse` (half a unit
+    /// roundoff of the row's scale); plain weights take [`Self::forward_transposed`].
+    pub fn forward_transposed_sparse(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
+        let Weights::Quantized(q) = &self.weights else {
+            return self.forward_transposed(x, m);
+        };
+        let mut out = vec![0.0f32; m * self.in_dim];
+        dg_quant::matmul_sparse(x, m, &self.qmatrix(q)?, &mut out)
+            .map_err(|e| self.quant_err(e))?;
+        Ok(out)
+    }
+
     /// Rows of W (embedding lookup), `ids.len() x in`.
     pub fn rows(&self, ids: &[u32]) -> Result<Vec<f32>, CoreError> {
         let mut out = vec![0.0f32; ids.len() * self.in_dim];

@@ -486,9 +486,10 @@ impl TextModel {
         Ok(logits)
     }
 
-    /// Soft embeddings `probs @ embed * sqrt(hidden)` for `rows` probability rows.
+    /// Soft embeddings `probs @ embed * sqrt(hidden)` for `rows` probability rows (each row
+    /// reads only the embedding rows its probabilities need: see `dg_quant::sparse`).
     pub fn soft_embeddings(&self, probs: &[f32], rows: usize) -> Result<Vec<f32>, CoreError> {
-        let mut e = self.embed_tokens.forward_transposed(probs, rows)?;
+        let mut e = self.embed_tokens.forward_transposed_sparse(probs, rows)?;
         for v in e.iter_mut() {
             *v *= self.embed_scale;
         }

@@ -274,6 +274,16 @@ pub(crate) fn tiles_n_prologue(
     true
 }
 
+/// `y[i] = fma(a, x[i], y[i])` (bit-identical on every path; `x` and `y` of equal length).
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return x86_64::axpy(a, x, y);
+    }
+    scalar::axpy(a, x, y)
+}
+
 /// Prefetch hint for data needed soon (no-op off x86-64).
 #[inline]
 pub fn prefetch<T>(data: &[T]) {

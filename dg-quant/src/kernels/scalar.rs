@@ -28,6 +28,14 @@ pub fn dequant_value(q: u32, scale: f32, bias: f32) -> f32 {
     prod + bias
 }
 
+/// `y[i] = fma(a, x[i], y[i])`.
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy: lengths differ");
+    for (y, x) in y.iter_mut().zip(x) {
+        *y = a.mul_add(*x, *y);
+    }
+}
+
 /// One dequantized row of `out.len()` elements.
 pub fn dequant_row(
     words: &[u32],

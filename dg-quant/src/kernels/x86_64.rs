@@ -262,6 +262,33 @@ unsafe fn tile_avx2<const MV: usize, const NR: usize>(
 // GEMM tiles for `x @ W` (reduction over W's rows): weights dequantized in their natural
 // layout give 16 output columns per two vector loads, activations are broadcast.
 
+/// `y[i] = fma(a, x[i], y[i])` (see `scalar::axpy`).
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    assert!(available(), "x86_64::axpy: unsupported");
+    assert_eq!(x.len(), y.len(), "axpy: lengths differ");
+    let n = x.len() / 8 * 8;
+    // SAFETY: AVX2/FMA detected; the body touches x[..n] and y[..n], inside both slices.
+    unsafe { axpy_avx2(a, x.as_ptr(), y.as_mut_ptr(), n) };
+    for (y, x) in y[n..].iter_mut().zip(&x[n..]) {
+        *y = a.mul_add(*x, *y);
+    }
+}
+
+/// # Safety
+/// AVX2/FMA available; `x` valid for reads and `y` for reads/writes of `n` (a multiple of 8)
+/// elements.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(a: f32, x: *const f32, y: *mut f32, n: usize) {
+    let av = _mm256_set1_ps(a);
+    for i in (0..n).step_by(8) {
+        // SAFETY: i + 8 <= n, inside both buffers (caller's contract).
+        unsafe {
+            let v = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)));
+            _mm256_storeu_ps(y.add(i), v);
+        }
+    }
+}
+
 /// Activation rows per register tile of `tiles_n` (6 x 2 accumulators + 2 weight vectors + 1
 /// broadcast = 15 ymm registers).
 pub const TILE_N_ROWS: usize = 6;
@@ -467,6 +494,23 @@ mod tests {
                 scalar::tiles(kc, &xt, ldx, m8, &w, ldw, nr, &mut b, ldc, load);
                 assert_eq!(a, b, "kc {kc} m8 {m8} nr {nr} load {load}");
             }
+        }
+    }
+
+    #[test]
+    fn axpy_matches_scalar_bit_for_bit() {
+        if !available() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        for n in [0usize, 1, 7, 8, 9, 64, 259] {
+            let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let y: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let a = rng.gen_range(-1.0..1.0);
+            let (mut p, mut q) = (y.clone(), y);
+            axpy(a, &x, &mut p);
+            scalar::axpy(a, &x, &mut q);
+            assert_eq!(p, q, "n {n}");
         }
     }
 
