@@ -31,8 +31,6 @@ pub const DEFAULT_LORA_KEYS: [&str; 7] = [
 /// Largest rank accepted: far above any useful adapter, low enough that a corrupt config cannot
 /// size a huge allocation.
 pub const MAX_LORA_RANK: usize = 4096;
-/// `adapter_config.json` is a few hundred bytes; anything past this is not an adapter config.
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Where the layers' parameters live in the reference's module tree.
 const LAYER_PREFIX: &str = "model.decoder.layers.";
 
@@ -191,23 +189,7 @@ fn read_config(path: &Path) -> Result<AdapterConfig, CoreError> {
         path: path.to_owned(),
         reason,
     };
-    let meta = std::fs::metadata(path).map_err(|source| CoreError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    if !meta.is_file() {
-        return Err(bad("not a regular file".into()));
-    }
-    if meta.len() > MAX_CONFIG_BYTES {
-        return Err(bad(format!(
-            "{} bytes, over the {MAX_CONFIG_BYTES}-byte limit for an adapter config",
-            meta.len()
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|source| CoreError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = dg_files::read_text(path, dg_files::CONFIG_MAX_BYTES)?;
     let de = &mut serde_json::Deserializer::from_str(&text);
     let config: AdapterConfig = serde_path_to_error::deserialize(de)
         .map_err(|e| bad(format!("field {}: {}", e.path(), e.inner())))?;
@@ -269,13 +251,6 @@ fn read_factors(
         path: path.to_owned(),
         reason,
     };
-    let meta = std::fs::metadata(path).map_err(|source| CoreError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    if !meta.is_file() {
-        return Err(bad("not a regular file".into()));
-    }
     let file = MappedFile::open(path)?;
     let st = SafeTensors::deserialize(file.bytes())
         .map_err(|e| bad(format!("truncated or corrupt safetensors file: {e}")))?;
