@@ -300,7 +300,7 @@ impl Linear {
 
     /// `x [m, in] @ W^T` without any mounted adapter (the frozen base, for training).
     pub(crate) fn forward_base(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
-        let mut out = vec![0.0f32; m * self.out_dim];
+        let mut out = dg_quant::alloc::zeroed(m * self.out_dim, "linear layer output")?;
         match &self.weights {
             Weights::Dense(w) => {
                 dg_quant::matmul_f32(x, &w.f32(), m, self.in_dim, self.out_dim, true, &mut out)
@@ -368,7 +368,7 @@ impl Linear {
 
     /// `x [m, out] @ W -> [m, in]` (the soft-embedding product `probs @ embed`).
     pub fn forward_transposed(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
-        let mut out = vec![0.0f32; m * self.in_dim];
+        let mut out = dg_quant::alloc::zeroed(m * self.in_dim, "x @ W output")?;
         match &self.weights {
             Weights::Dense(w) => {
                 dg_quant::matmul_f32(x, &w.f32(), m, self.out_dim, self.in_dim, false, &mut out)
@@ -386,7 +386,7 @@ impl Linear {
         let Weights::Quantized(q) = &self.weights else {
             return self.forward_transposed(x, m);
         };
-        let mut out = vec![0.0f32; m * self.in_dim];
+        let mut out = dg_quant::alloc::zeroed(m * self.in_dim, "x @ W output")?;
         dg_quant::matmul_sparse(x, m, &self.qmatrix(q)?, &mut out)
             .map_err(|e| self.quant_err(e))?;
         Ok(out)
@@ -394,7 +394,7 @@ impl Linear {
 
     /// Rows of W (embedding lookup), `ids.len() x in`.
     pub fn rows(&self, ids: &[u32]) -> Result<Vec<f32>, CoreError> {
-        let mut out = vec![0.0f32; ids.len() * self.in_dim];
+        let mut out = dg_quant::alloc::zeroed(ids.len() * self.in_dim, "embedding rows")?;
         match &self.weights {
             Weights::Dense(w) => {
                 let w = w.f32();
@@ -428,7 +428,8 @@ impl Linear {
         match &self.weights {
             Weights::Dense(w) => Ok(w.f32().into_owned()),
             Weights::Quantized(q) => {
-                let mut out = vec![0.0f32; self.out_dim * self.in_dim];
+                let mut out =
+                    dg_quant::alloc::zeroed(self.out_dim * self.in_dim, "dequantized weights")?;
                 dg_quant::dequantize(&self.qmatrix(q)?, &mut out).map_err(|e| self.quant_err(e))?;
                 Ok(out)
             }
@@ -495,7 +496,7 @@ impl ExpertLinear {
             name: self.name.clone(),
             source,
         };
-        let mut out = vec![0.0f32; pairs.len() * self.out_dim];
+        let mut out = dg_quant::alloc::zeroed(pairs.len() * self.out_dim, "expert outputs")?;
         match &self.weights {
             Weights::Quantized(q) => {
                 let experts = QExperts::new(
@@ -559,7 +560,11 @@ impl ExpertLinear {
                 })?
                 .push(p);
         }
-        for (e, ps) in by_expert.iter().enumerate().filter(|(_, ps)| !ps.is_empty()) {
+        for (e, ps) in by_expert
+            .iter()
+            .enumerate()
+            .filter(|(_, ps)| !ps.is_empty())
+        {
             let rows: Vec<f32> = ps
                 .iter()
                 .flat_map(|&p| dy[p * n..(p + 1) * n].iter().copied())
