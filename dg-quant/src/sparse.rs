@@ -30,7 +30,7 @@
 //! sum stays within the budget (the boundary bucket is kept whole, which only keeps more).
 //! Exact zeros are always skipped (they add nothing).
 //!
-//! **Product.** Rows that keep more than `1 / DENSE_FRACTION` of the vocabulary gain little
+//! **Product.** Rows that keep more than `1 / DENSE_FRACTION` of the vocabulary gain nothing
 //! from skipping: they take the dense kernel ([`crate::matmul`], which computes every row as
 //! it would alone, so those rows get exactly the dense bits). The others are gathered by
 //! vocabulary row (each kept row of `W` is dequantized once per column block for all the rows
@@ -58,7 +58,7 @@ const BUCKET_SHIFT: u32 = 20;
 /// Buckets of non-negative finite f32 values.
 const BUCKETS: usize = (0x7f80_0000 >> BUCKET_SHIFT) as usize;
 /// A row keeping more than `rows(W) / DENSE_FRACTION` entries takes the dense kernel.
-const DENSE_FRACTION: usize = 4;
+const DENSE_FRACTION: usize = 8;
 /// Vocabulary rows per partial sum of the gathered product.
 const REDUCE_ROWS: usize = 8192;
 /// Output columns per task of the gathered product (a multiple of every group size).
