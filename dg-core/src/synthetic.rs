@@ -94,13 +94,40 @@ const SPECIALS: [(&str, u32); 7] = [
     ("<turn|>", 106),
 ];
 
+/// Tensors spilled to a scratch file as they are generated (memory bounded by the largest
+/// tensor, not the checkpoint), then laid out into the safetensors files from a mapping of it.
+struct Spill {
+    file: std::io::BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    len: usize,
+    /// The first write error; reported once all tensors are generated.
+    error: Option<std::io::Error>,
+}
+
+/// A spilled tensor: dtype, shape and its bytes' range in the spill file.
+type Spilled = (Dtype, Vec<usize>, std::ops::Range<usize>);
+
 struct Writer {
     rng: StdRng,
-    tensors: BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
+    spill: Spill,
+    tensors: BTreeMap<String, Spilled>,
     quant_overrides: BTreeMap<String, serde_json::Value>,
 }
 
 impl Writer {
+    fn put(&mut self, name: String, dtype: Dtype, shape: Vec<usize>, bytes: &[u8]) {
+        use std::io::Write;
+        let spill = &mut self.spill;
+        if spill.error.is_none() {
+            if let Err(e) = spill.file.write_all(bytes) {
+                spill.error = Some(e);
+            }
+        }
+        let range = spill.len..spill.len + bytes.len();
+        spill.len += bytes.len();
+        self.tensors.insert(name, (dtype, shape, range));
+    }
+
     fn normal(&mut self) -> f32 {
         // Box-Muller; enough for synthetic weights.
         let u1: f32 = self.rng.gen_range(f32::EPSILON..1.0);
@@ -113,12 +140,11 @@ impl Writer {
     }
 
     fn put_bf16(&mut self, name: &str, shape: &[usize], values: &[f32]) {
-        let bytes = values
+        let bytes: Vec<u8> = values
             .iter()
             .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
             .collect();
-        self.tensors
-            .insert(name.into(), (Dtype::BF16, shape.to_vec(), bytes));
+        self.put(name.into(), Dtype::BF16, shape.to_vec(), &bytes);
     }
 
     /// Quantizes `[lead.., rows, cols]` weights and stores weight/scales/biases like MLX.
@@ -154,22 +180,18 @@ impl Writer {
             biases.extend(q.biases);
         }
         let shape = |last: usize| [lead, &[rows, last]].concat();
-        self.tensors.insert(
+        self.put(
             format!("{path}.weight"),
-            (
-                Dtype::U32,
-                shape(cols * bits as usize / 32),
-                bytemuck::cast_slice(&packed).to_vec(),
-            ),
+            Dtype::U32,
+            shape(cols * bits as usize / 32),
+            bytemuck::cast_slice(&packed),
         );
         for (suffix, values) in [("scales", scales), ("biases", biases)] {
-            self.tensors.insert(
+            self.put(
                 format!("{path}.{suffix}"),
-                (
-                    Dtype::BF16,
-                    shape(cols / 64),
-                    bytemuck::cast_slice(&values).to_vec(),
-                ),
+                Dtype::BF16,
+                shape(cols / 64),
+                bytemuck::cast_slice(&values),
             );
         }
         if bits != 4 {
@@ -214,8 +236,16 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let s = spec;
+    let spill_path = dir.join(".synthetic-tensors.tmp");
+    let spill_file = std::fs::File::create(&spill_path).map_err(io(&spill_path))?;
     let mut w = Writer {
         rng: StdRng::seed_from_u64(s.seed),
+        spill: Spill {
+            file: std::io::BufWriter::with_capacity(1 << 20, spill_file),
+            path: spill_path,
+            len: 0,
+            error: None,
+        },
         tensors: BTreeMap::new(),
         quant_overrides: BTreeMap::new(),
     };
@@ -332,7 +362,13 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
     // A damped feedback keeps the self-conditioning loop contractive.
     w.linear(&format!("{sc}.down_proj"), h, s.intermediate_size, 0.1, 4)?;
 
-    write_tensors(dir, &w.tensors, s.shards.max(1))?;
+    let written = finish_spill(&mut w.spill).and_then(|()| {
+        let map = crate::mmap::MappedFile::open(&w.spill.path)?;
+        write_tensors(dir, &w.tensors, map.bytes(), s.shards.max(1))
+    });
+    // The scratch file goes whatever happened; the first error is the one reported.
+    let removed = std::fs::remove_file(&w.spill.path).map_err(io(&w.spill.path));
+    written.and(removed)?;
     write_json(dir, "config.json", &config_json(s, &w.quant_overrides))?;
     write_json(
         dir,
@@ -465,9 +501,21 @@ fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<(), C
     std::fs::write(&path, text).map_err(|source| CoreError::Io { path, source })
 }
 
+/// Flushes the spill file, or returns its first write error.
+fn finish_spill(spill: &mut Spill) -> Result<(), CoreError> {
+    use std::io::Write;
+    let path = spill.path.clone();
+    let err = |source| CoreError::Io { path, source };
+    if let Some(e) = spill.error.take() {
+        return Err(err(e));
+    }
+    spill.file.flush().map_err(err)
+}
+
 fn write_tensors(
     dir: &Path,
-    tensors: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
+    tensors: &BTreeMap<String, Spilled>,
+    data: &[u8],
     shards: usize,
 ) -> Result<(), CoreError> {
     let names: Vec<&String> = tensors.keys().collect();
@@ -487,8 +535,8 @@ fn write_tensors(
         let views = chunk
             .iter()
             .map(|name| {
-                let (dtype, shape, bytes) = &tensors[*name];
-                TensorView::new(*dtype, shape.clone(), bytes)
+                let (dtype, shape, range) = &tensors[*name];
+                TensorView::new(*dtype, shape.clone(), &data[range.clone()])
                     .map(|v| ((*name).clone(), v))
                     .map_err(|e| CoreError::InvalidInput(format!("{name}: {e}")))
             })
