@@ -28,6 +28,11 @@ struct Args {
     shards: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The real DiffusionGemma 26B-A4B geometry (hidden 2816, intermediate 2112 / MoE 704,
+    /// 16 heads with 8 / 2 KV heads, head dim 256 / 512, 128 experts top-8, vocabulary 262144,
+    /// canvas 256, sliding window 1024) with `--layers` layers; the size options are ignored.
+    #[arg(long)]
+    real: bool,
 }
 
 fn main() -> Result<()> {
@@ -49,6 +54,26 @@ fn main() -> Result<()> {
         canvas_length: a.canvas,
         shards: a.shards,
         seed: a.seed,
+    };
+    let spec = if a.real {
+        SyntheticSpec {
+            vocab_size: 262_144,
+            hidden_size: 2816,
+            intermediate_size: 2112,
+            moe_intermediate_size: 704,
+            num_attention_heads: 16,
+            num_key_value_heads: 8,
+            num_global_key_value_heads: 2,
+            head_dim: 256,
+            global_head_dim: 512,
+            num_experts: 128,
+            top_k_experts: 8,
+            sliding_window: 1024,
+            canvas_length: 256,
+            ..spec
+        }
+    } else {
+        spec
     };
     write_checkpoint(&a.out, &spec)?;
     println!("wrote {}", a.out.display());

@@ -163,18 +163,17 @@ impl Writer {
         })?;
         let matrices = lead.iter().product::<usize>().max(1);
         let (mut packed, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
-        for m in 0..matrices {
+        // Rows quantize independently: blocks of rows bound the rounded copy's memory.
+        const BLOCK_ROWS: usize = 4096;
+        for block in w[..matrices * rows * cols].chunks(BLOCK_ROWS * cols.max(1)) {
             // Round to bf16 first: the reference quantizes bf16 weights.
-            let block: Vec<f32> = w[m * rows * cols..(m + 1) * rows * cols]
-                .iter()
-                .map(|v| bf16::from_f32(*v).to_f32())
-                .collect();
-            let q = dg_quant::quantize(&block, rows, cols, spec).map_err(|source| {
-                CoreError::Quant {
+            let block: Vec<f32> = block.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+            let q = dg_quant::quantize(&block, block.len() / cols.max(1), cols, spec).map_err(
+                |source| CoreError::Quant {
                     name: path.into(),
                     source,
-                }
-            })?;
+                },
+            )?;
             packed.extend(q.packed);
             scales.extend(q.scales);
             biases.extend(q.biases);
@@ -266,6 +265,7 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
         &embed,
         4,
     )?;
+    drop(embed);
     w.norm("model.decoder.norm", h, 1.5, 2.5, true);
 
     let pattern_full = |i: usize| i % 6 == 5 || i + 1 == s.num_hidden_layers;
@@ -322,6 +322,7 @@ pub fn write_checkpoint(dir: &Path, spec: &SyntheticSpec) -> Result<(), CoreErro
             &gate_up,
             4,
         )?;
+        drop(gate_up);
         let down = w.randn(s.num_experts * h * m, 1.0 / (m as f32).sqrt());
         w.put_quantized(
             &format!("{p}.experts.down_proj"),
