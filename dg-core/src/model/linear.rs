@@ -451,6 +451,19 @@ pub struct ExpertLinear {
 }
 
 impl ExpertLinear {
+    /// The stacked quantized weights as the kernels take them.
+    fn qexperts<'a>(&self, q: &'a QuantizedWeights) -> Result<QExperts<'a>, dg_quant::QuantError> {
+        QExperts::new(
+            q.packed.as_slice(),
+            q.scales.as_slice(),
+            q.biases.as_slice(),
+            self.experts,
+            self.out_dim,
+            self.in_dim,
+            q.spec,
+        )
+    }
+
     /// Loads `{path}.weight` (+ scales/biases) of `experts` stacked `[out, in]` matrices.
     pub fn load(
         ck: &Checkpoint,
@@ -499,16 +512,7 @@ impl ExpertLinear {
         let mut out = dg_quant::alloc::zeroed(pairs.len() * self.out_dim, "expert outputs")?;
         match &self.weights {
             Weights::Quantized(q) => {
-                let experts = QExperts::new(
-                    q.packed.as_slice(),
-                    q.scales.as_slice(),
-                    q.biases.as_slice(),
-                    self.experts,
-                    self.out_dim,
-                    self.in_dim,
-                    q.spec,
-                )
-                .map_err(err)?;
+                let experts = self.qexperts(q).map_err(err)?;
                 dg_quant::gather_matmul_t(x, x_rows, &experts, pairs, &mut out).map_err(err)?;
             }
             Weights::Dense(w) => {
@@ -572,16 +576,7 @@ impl ExpertLinear {
             let mut res = vec![0.0f32; ps.len() * k];
             match &self.weights {
                 Weights::Quantized(q) => {
-                    let experts = QExperts::new(
-                        q.packed.as_slice(),
-                        q.scales.as_slice(),
-                        q.biases.as_slice(),
-                        self.experts,
-                        n,
-                        k,
-                        q.spec,
-                    )
-                    .map_err(err)?;
+                    let experts = self.qexperts(q).map_err(err)?;
                     dg_quant::matmul(&rows, ps.len(), &experts.expert(e).map_err(err)?, &mut res)
                 }
                 Weights::Dense(w) => dg_quant::matmul_f32(
