@@ -29,7 +29,8 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::format::{check_len, mul};
-use crate::{kernels, QMatrix, QuantError, QuantSpec};
+use crate::kernels::{with_kernel, Kernel, Kernels};
+use crate::{QMatrix, QuantError, QuantSpec};
 
 /// Output of `quantize`: MLX's `(weight, scales, biases)` with bf16 scales and biases.
 #[derive(Clone, Debug, PartialEq)]
@@ -170,15 +171,17 @@ pub fn dequantize(w: &QMatrix, out: &mut [f32]) -> Result<(), QuantError> {
     if w.cols == 0 {
         return Ok(());
     }
-    out.par_chunks_mut(DEQUANT_ROWS_PER_TASK * w.cols)
-        .enumerate()
-        .for_each(|(t, chunk)| {
-            for (i, row) in chunk.chunks_exact_mut(w.cols).enumerate() {
-                let r = t * DEQUANT_ROWS_PER_TASK + i;
-                let (s, b) = w.row_params(r);
-                kernels::dequant_row(w.row_words(r), s, b, w.spec, row);
-            }
-        });
+    with_kernel!(Kernels::best(), k => {
+        out.par_chunks_mut(DEQUANT_ROWS_PER_TASK * w.cols)
+            .enumerate()
+            .for_each(|(t, chunk)| {
+                for (i, row) in chunk.chunks_exact_mut(w.cols).enumerate() {
+                    let r = t * DEQUANT_ROWS_PER_TASK + i;
+                    let (s, b) = w.row_params(r);
+                    k.dequant_row(w.row_words(r), s, b, w.spec, row);
+                }
+            })
+    });
     Ok(())
 }
 
@@ -195,10 +198,12 @@ pub fn embedding(w: &QMatrix, ids: &[u32], out: &mut [f32]) -> Result<(), QuantE
     if w.cols == 0 {
         return Ok(());
     }
-    for (&id, row) in ids.iter().zip(out.chunks_exact_mut(w.cols)) {
-        let r = id as usize;
-        let (s, b) = w.row_params(r);
-        kernels::dequant_row(w.row_words(r), s, b, w.spec, row);
-    }
+    with_kernel!(Kernels::best(), k => {
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(w.cols)) {
+            let r = id as usize;
+            let (s, b) = w.row_params(r);
+            k.dequant_row(w.row_words(r), s, b, w.spec, row);
+        }
+    });
     Ok(())
 }

@@ -81,20 +81,15 @@ pub(crate) fn check_len(
 }
 
 /// A borrowed row-major quantized matrix `W [rows = out, cols = in]`, packed as MLX does.
+/// Its fields are checked against each other by [`QMatrix::new`], the only way to make one.
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
-    /// Packed codes, `u32 [rows, cols * bits / 32]`.
-    pub packed: &'a [u32],
-    /// Per-group scales, `[rows, cols / group_size]`.
-    pub scales: &'a [bf16],
-    /// Per-group biases, `[rows, cols / group_size]`.
-    pub biases: &'a [bf16],
-    /// Output features (rows of `W`).
-    pub rows: usize,
-    /// Input features (columns of `W`), a multiple of the group size.
-    pub cols: usize,
-    /// Width and group size.
-    pub spec: QuantSpec,
+    pub(crate) packed: &'a [u32],
+    pub(crate) scales: &'a [bf16],
+    pub(crate) biases: &'a [bf16],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) spec: QuantSpec,
 }
 
 impl<'a> QMatrix<'a> {
@@ -122,6 +117,36 @@ impl<'a> QMatrix<'a> {
             cols,
             spec,
         })
+    }
+
+    /// Packed codes, `u32 [rows, cols * bits / 32]`.
+    pub fn packed(&self) -> &'a [u32] {
+        self.packed
+    }
+
+    /// Per-group scales, `[rows, cols / group_size]`.
+    pub fn scales(&self) -> &'a [bf16] {
+        self.scales
+    }
+
+    /// Per-group biases, `[rows, cols / group_size]`.
+    pub fn biases(&self) -> &'a [bf16] {
+        self.biases
+    }
+
+    /// Output features (rows of `W`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns of `W`), a multiple of the group size.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Width and group size.
+    pub fn spec(&self) -> QuantSpec {
+        self.spec
     }
 
     /// Groups per row.
@@ -166,23 +191,14 @@ impl<'a> QMatrix<'a> {
     }
 }
 
-/// `experts` stacked quantized matrices `[E, rows, cols]` (MLX `SwitchLinear` layout).
+/// `experts` stacked quantized matrices `[E, rows, cols]` (MLX `SwitchLinear` layout). Its
+/// fields are checked against each other by [`QExperts::new`], the only way to make one.
 #[derive(Clone, Copy, Debug)]
 pub struct QExperts<'a> {
-    /// Packed codes, `u32 [experts, rows, cols * bits / 32]`.
-    pub packed: &'a [u32],
-    /// Per-group scales, `[experts, rows, cols / group_size]`.
-    pub scales: &'a [bf16],
-    /// Per-group biases, `[experts, rows, cols / group_size]`.
-    pub biases: &'a [bf16],
-    /// Number of stacked matrices.
-    pub experts: usize,
-    /// Output features of each expert.
-    pub rows: usize,
-    /// Input features of each expert, a multiple of the group size.
-    pub cols: usize,
-    /// Width and group size.
-    pub spec: QuantSpec,
+    /// Every expert's rows, one after the other: `[E * rows, cols]`.
+    stack: QMatrix<'a>,
+    pub(crate) experts: usize,
+    pub(crate) rows: usize,
 }
 
 impl<'a> QExperts<'a> {
@@ -197,38 +213,47 @@ impl<'a> QExperts<'a> {
         cols: usize,
         spec: QuantSpec,
     ) -> Result<Self, QuantError> {
-        spec.check_cols("quantized experts", cols)?;
-        let per = mul("quantized experts", rows, spec.words_per_row(cols))?;
-        let gper = mul("quantized experts", rows, cols / spec.group_size)?;
-        mul(
-            "quantized experts",
-            mul("quantized experts", rows, cols)?,
-            experts,
-        )?;
-        check_len(
-            "packed expert weights",
-            packed.len(),
-            mul("quantized experts", experts, per)?,
-        )?;
-        check_len(
-            "expert scales",
-            scales.len(),
-            mul("quantized experts", experts, gper)?,
-        )?;
-        check_len(
-            "expert biases",
-            biases.len(),
-            mul("quantized experts", experts, gper)?,
-        )?;
+        let all_rows = mul("quantized experts", experts, rows)?;
         Ok(QExperts {
-            packed,
-            scales,
-            biases,
+            stack: QMatrix::new(packed, scales, biases, all_rows, cols, spec)?,
             experts,
             rows,
-            cols,
-            spec,
         })
+    }
+
+    /// Packed codes, `u32 [experts, rows, cols * bits / 32]`.
+    pub fn packed(&self) -> &'a [u32] {
+        self.stack.packed
+    }
+
+    /// Per-group scales, `[experts, rows, cols / group_size]`.
+    pub fn scales(&self) -> &'a [bf16] {
+        self.stack.scales
+    }
+
+    /// Per-group biases, `[experts, rows, cols / group_size]`.
+    pub fn biases(&self) -> &'a [bf16] {
+        self.stack.biases
+    }
+
+    /// Number of stacked matrices.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// Output features of each expert.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features of each expert, a multiple of the group size.
+    pub fn cols(&self) -> usize {
+        self.stack.cols
+    }
+
+    /// Width and group size.
+    pub fn spec(&self) -> QuantSpec {
+        self.stack.spec
     }
 
     /// Expert `e`'s `[rows, cols]` matrix.
@@ -239,15 +264,6 @@ impl<'a> QExperts<'a> {
                 experts: self.experts,
             });
         }
-        let per = self.rows * self.spec.words_per_row(self.cols);
-        let gper = self.rows * (self.cols / self.spec.group_size);
-        QMatrix::new(
-            &self.packed[e * per..(e + 1) * per],
-            &self.scales[e * gper..(e + 1) * gper],
-            &self.biases[e * gper..(e + 1) * gper],
-            self.rows,
-            self.cols,
-            self.spec,
-        )
+        Ok(self.stack.row_slice(e * self.rows, (e + 1) * self.rows))
     }
 }

@@ -4,15 +4,16 @@
 //! - [`quantize`], [`quantize_f32`], [`dequantize`], [`embedding`]: bit-identical to
 //!   `mx.quantize` / `mx.dequantize` (`affine.rs`).
 //! - [`matmul_t`], [`matmul`], [`gather_matmul_t`], [`matmul_f32`]: products in f32
-//!   (`matmul.rs`), parallel on the current rayon pool ([`pool::build`]), with results that
-//!   do not depend on the thread count.
+//!   (`matmul/`), parallel on the current rayon pool ([`pool::build`]), with results that
+//!   do not depend on the thread count. Each quantized product runs one [`Plan`], chosen from
+//!   the weights' format and the kernels only ([`QMatrix::plan`] says which).
 //! - [`ops`]: small f32 operations shared by the models.
-//! - [`peak`]: the FMA-throughput yardstick the benches divide by.
 //!
-//! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64; AVX-512 where present
-//! for the unpacked panels of 4/8-bit weights, which every `x @ W^T` with such weights takes
-//! whatever its row count, and the tiles of `x @ W`; a scalar reference everywhere else;
-//! `DG_QUANT_FORCE_AVX2=1` / `DG_QUANT_FORCE_SCALAR=1` cap the level for testing).
+//! SIMD lives in `kernels/` only: kernel objects ([`Kernels`]) that exist only where the CPU
+//! has their features (AVX2 + FMA on x86-64; AVX-512 where present for the unpacked panels of
+//! 4/8-bit weights, which every `x @ W^T` with such weights takes whatever its row count, and
+//! the tiles of `x @ W`), each with a scalar twin; `DG_QUANT_FORCE_AVX2=1` /
+//! `DG_QUANT_FORCE_SCALAR=1` cap the kernels for testing.
 
 #![warn(missing_docs)]
 
@@ -25,7 +26,6 @@ mod format;
 mod kernels;
 mod matmul;
 pub mod ops;
-pub mod peak;
 pub mod pool;
 mod scratch;
 pub mod sparse;
@@ -33,5 +33,8 @@ pub mod sparse;
 pub use affine::{dequantize, embedding, quantize, quantize_f32, Quantized, QuantizedF32};
 pub use error::QuantError;
 pub use format::{QExperts, QMatrix, QuantSpec};
-pub use matmul::{gather_matmul_t, matmul, matmul_f32, matmul_t};
+#[cfg(target_arch = "x86_64")]
+pub use kernels::{Avx2Fma, Avx512};
+pub use kernels::{Kernels, Level, Scalar};
+pub use matmul::{gather_matmul_t, matmul, matmul_f32, matmul_t, Plan, Product};
 pub use sparse::{matmul_sparse, SparseStats};

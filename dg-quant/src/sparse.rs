@@ -42,9 +42,10 @@
 use rayon::prelude::*;
 
 use crate::format::{check_len, mul};
-use crate::kernels::{self, gemm::par_column_panels};
+use crate::kernels::gemm::column_panels;
+use crate::kernels::{dequant_value, with_kernel, Kernel};
 use crate::matmul::dequant_part;
-use crate::{QMatrix, QuantError};
+use crate::{Product, QMatrix, QuantError};
 
 /// `tau` of the bound: the skipped weight may move an output by `tau * u` of the row's scale.
 const TAU: f64 = 0.5;
@@ -101,7 +102,7 @@ pub fn row_max_abs(w: &QMatrix) -> Vec<f32> {
             let (s, b) = w.row_params(k * 4096 + i);
             *o = s.iter().zip(b).fold(0.0f32, |m, (s, b)| {
                 let (s, b) = (s.to_f32(), b.to_f32());
-                let hi = kernels::scalar::dequant_value(q_max, s, b);
+                let hi = dequant_value(q_max, s, b);
                 m.max(b.abs()).max(hi.abs())
             });
         }
@@ -214,7 +215,8 @@ pub fn matmul_sparse(
         .collect();
     let kept: usize = sparse.iter().map(|(_, k)| k.len()).sum();
     if !sparse.is_empty() {
-        let os = gathered_product(x, w, &sparse, kept);
+        let kernels = w.plan(Product::XW).kernels();
+        let os = with_kernel!(kernels, k => gathered_product(k, x, w, &sparse, kept));
         for (&(i, _), o) in sparse.iter().zip(os.chunks_exact(cols)) {
             out[i * cols..(i + 1) * cols].copy_from_slice(o);
         }
@@ -229,7 +231,13 @@ pub fn matmul_sparse(
 /// `[sparse.len(), cols]`: row `j` is `sum_{v in kept_j} x[i_j, v] * W[v, :]`, in ascending
 /// `v`. The kept entries are regrouped by `v` (a counting sort), so each column block
 /// dequantizes every needed row of `W` once.
-fn gathered_product(x: &[f32], w: &QMatrix, sparse: &[(usize, &[u32])], total: usize) -> Vec<f32> {
+fn gathered_product(
+    kern: impl Kernel,
+    x: &[f32],
+    w: &QMatrix,
+    sparse: &[(usize, &[u32])],
+    total: usize,
+) -> Vec<f32> {
     let mut start = vec![0u32; w.rows + 1];
     for (_, kept) in sparse {
         for &v in *kept {
@@ -254,7 +262,7 @@ fn gathered_product(x: &[f32], w: &QMatrix, sparse: &[(usize, &[u32])], total: u
         .collect();
     let (n, cols) = (sparse.len(), w.cols);
     let mut out = vec![0.0f32; n * cols];
-    par_column_panels(&mut out, n, cols, BLOCK_COLS, |mut panel| {
+    column_panels(&mut out, (n, cols), BLOCK_COLS, true, |mut panel| {
         let (c0, cw) = (panel.start(), panel.width());
         let mut acc = vec![0.0f32; n * cw];
         let mut sum = vec![0.0f32; n * cw];
@@ -266,10 +274,10 @@ fn gathered_product(x: &[f32], w: &QMatrix, sparse: &[(usize, &[u32])], total: u
                 chunk = v / REDUCE_ROWS;
                 flush(&mut acc, &mut sum);
             }
-            dequant_part(w, v, c0, c0 + cw, &mut e);
+            dequant_part(kern, w, v, (c0, c0 + cw), &mut e);
             for &(j, p) in &entries[start[v] as usize..start[v + 1] as usize] {
                 let j = j as usize;
-                kernels::axpy(p, &e, &mut acc[j * cw..(j + 1) * cw]);
+                kern.axpy(p, &e, &mut acc[j * cw..(j + 1) * cw]);
             }
         }
         flush(&mut acc, &mut sum);

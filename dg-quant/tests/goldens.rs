@@ -198,17 +198,17 @@ fn quantize_f32_input_is_bit_identical() {
 
 /// Quantized value `(r, k)` of `q`, read straight from the bit stream.
 fn q_at(q: &QMatrix, r: usize, k: usize) -> f64 {
-    let bits = q.spec.bits as usize;
-    let bit = r * q.cols * bits + k * bits;
-    let lo = q.packed[bit / 32] as u64;
-    let hi = q.packed.get(bit / 32 + 1).copied().unwrap_or(0) as u64;
+    let bits = q.spec().bits as usize;
+    let bit = r * q.cols() * bits + k * bits;
+    let lo = q.packed()[bit / 32] as u64;
+    let hi = q.packed().get(bit / 32 + 1).copied().unwrap_or(0) as u64;
     (((lo | (hi << 32)) >> (bit % 32)) & ((1u64 << bits) - 1)) as f64
 }
 
 /// `|s| q + |b|` for element `(r, k)`: the magnitude of each term of the fused form.
 fn term(q: &QMatrix, r: usize, k: usize) -> f64 {
-    let gi = r * (q.cols / q.spec.group_size) + k / q.spec.group_size;
-    (q.scales[gi].to_f32() as f64).abs() * q_at(q, r, k) + (q.biases[gi].to_f32() as f64).abs()
+    let gi = r * (q.cols() / q.spec().group_size) + k / q.spec().group_size;
+    (q.scales()[gi].to_f32() as f64).abs() * q_at(q, r, k) + (q.biases()[gi].to_f32() as f64).abs()
 }
 
 /// `S` of the module docs for `x . W[r]` (reduction over W's columns).

@@ -121,7 +121,7 @@ fn sparse_soft_embeddings_stay_within_the_bound_of_the_dense_sum() {
         vec![0.0f64; m * HIDDEN],
     );
     const CHUNK: usize = 4096;
-    let words = w.spec.words_per_row(HIDDEN);
+    let words = w.spec().words_per_row(HIDDEN);
     let mut e = vec![0.0f32; CHUNK * HIDDEN];
     for v0 in (0..VOCAB).step_by(CHUNK) {
         let g = HIDDEN / 64;
@@ -131,7 +131,7 @@ fn sparse_soft_embeddings_stay_within_the_bound_of_the_dense_sum() {
             &table.biases[v0 * g..(v0 + CHUNK) * g],
             CHUNK,
             HIDDEN,
-            w.spec,
+            w.spec(),
         )
         .unwrap();
         dequantize(&part, &mut e).unwrap();

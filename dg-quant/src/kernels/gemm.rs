@@ -1,5 +1,5 @@
-//! Safe glue over the `gemm` crate's raw-pointer f32 GEMM, plus a way for parallel tasks to
-//! write disjoint column panels of one row-major output.
+//! Safe glue over the `gemm` crate's raw-pointer f32 GEMM, plus the one way tasks (in
+//! parallel or in turn) write disjoint column panels of one row-major output.
 //!
 //! The reduction order of each output element depends only on the shapes (the crate's
 //! blocking comes from `m, n, k` and the cache sizes), never on the thread count.
@@ -11,117 +11,50 @@ use gemm::Parallelism;
 /// Work (multiply-adds) above which a standalone f32 GEMM splits across the current pool.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
-/// Largest element index + 1 touched by a `rows x cols` view with the given strides.
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
-    if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
-    }
-}
-
-/// `out[i*out_rs + j] (+)= sum_k lhs[i*lhs_rs + k] * rhs[k*rhs_rs + j*rhs_cs]` for `i < m`,
-/// `j < n`, `k < depth`; `accumulate` adds to `out` instead of overwriting it.
+/// `out [m, n] = a [m, k] @ B` with `B` = `b [k, n]`, or `b [n, k]` transposed when
+/// `b_transposed`; splits across the current pool above `PARALLEL_MIN_MACS`.
 ///
-/// Panics if a view does not fit its slice (callers validate shapes first).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_strided(
-    m: usize,
-    n: usize,
-    depth: usize,
+/// Panics if a length does not match (callers validate shapes first).
+pub fn matmul_f32(
+    a: &[f32],
+    b: &[f32],
+    (m, k, n): (usize, usize, usize),
+    b_transposed: bool,
     out: &mut [f32],
-    out_rs: usize,
-    accumulate: bool,
-    lhs: &[f32],
-    lhs_rs: usize,
-    rhs: &[f32],
-    rhs_rs: usize,
-    rhs_cs: usize,
-    parallel: bool,
 ) {
     assert!(
-        extent(m, n, out_rs, 1) <= out.len(),
-        "gemm output view out of bounds"
+        a.len() == m * k && b.len() == k * n && out.len() == m * n,
+        "gemm: lengths do not match [{m}, {k}] @ [{k}, {n}]"
     );
-    assert!(
-        extent(m, depth, lhs_rs, 1) <= lhs.len(),
-        "gemm lhs view out of bounds"
-    );
-    assert!(
-        extent(depth, n, rhs_rs, rhs_cs) <= rhs.len(),
-        "gemm rhs view out of bounds"
-    );
-    // SAFETY: the three views were just checked to lie inside their slices, `out` is borrowed
-    // mutably (no aliasing with `lhs`/`rhs`), and the strides fit in isize because the
-    // extents fit in slices.
-    unsafe {
-        gemm_raw(
-            m,
-            n,
-            depth,
-            out.as_mut_ptr(),
-            out_rs,
-            accumulate,
-            lhs,
-            lhs_rs,
-            rhs,
-            rhs_rs,
-            rhs_cs,
-            parallel,
-        )
-    }
-}
-
-/// # Safety
-/// `out` must be valid for writes of the `m x n` view with row stride `out_rs`, not aliased
-/// by `lhs`/`rhs`, whose views must lie inside their slices.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_raw(
-    m: usize,
-    n: usize,
-    depth: usize,
-    out: *mut f32,
-    out_rs: usize,
-    accumulate: bool,
-    lhs: &[f32],
-    lhs_rs: usize,
-    rhs: &[f32],
-    rhs_rs: usize,
-    rhs_cs: usize,
-    parallel: bool,
-) {
     if m == 0 || n == 0 {
         return;
     }
-    if depth == 0 {
-        if !accumulate {
-            for i in 0..m {
-                // SAFETY: row i of the output view is valid for n writes (caller contract).
-                unsafe { std::slice::from_raw_parts_mut(out.add(i * out_rs), n) }.fill(0.0);
-            }
-        }
+    if k == 0 {
+        out.fill(0.0);
         return;
     }
-    let parallelism = if parallel && m * n * depth >= PARALLEL_MIN_MACS {
+    let (rhs_rs, rhs_cs) = if b_transposed { (1, k) } else { (n, 1) };
+    let parallelism = if m * n * k >= PARALLEL_MIN_MACS {
         Parallelism::Rayon(0)
     } else {
         Parallelism::None
     };
-    // SAFETY: the caller guarantees the views; gemm computes
-    // dst = alpha * dst + beta * lhs @ rhs, reading dst only when `read_dst`.
+    // SAFETY: the three row-major views lie inside their slices (lengths checked above, so the
+    // strides fit in isize); `out` is borrowed mutably, so it aliases neither input; gemm
+    // computes dst = lhs @ rhs without reading dst (`read_dst` false).
     unsafe {
         gemm::gemm(
             m,
             n,
-            depth,
-            out,
+            k,
+            out.as_mut_ptr(),
             1,
-            out_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
+            n as isize,
+            false,
+            a.as_ptr(),
             1,
-            lhs_rs as isize,
-            rhs.as_ptr(),
+            k as isize,
+            b.as_ptr(),
             rhs_cs as isize,
             rhs_rs as isize,
             1.0f32,
@@ -135,7 +68,7 @@ unsafe fn gemm_raw(
 }
 
 /// Mutable access to columns `c0..c1` of a row-major `[m, n]` output, handed to one task of
-/// `par_column_panels`.
+/// `column_panels`.
 pub struct ColumnPanel<'a> {
     ptr: *mut f32,
     m: usize,
@@ -171,10 +104,11 @@ impl ColumnPanel<'_> {
     }
 }
 
-/// Runs `f` on the current rayon pool once per column panel `[c, c + width)` of the row-major
-/// `out [m, n]` (the last panel may be narrower). Panels are disjoint, so tasks write in
-/// parallel without synchronization; the partition does not depend on the thread count.
-pub fn par_column_panels<F>(out: &mut [f32], m: usize, n: usize, width: usize, f: F)
+/// Runs `f` once per column panel `[c, c + width)` of the row-major `out [m, n]` (the last
+/// panel may be narrower): on the current rayon pool if `parallel`, else on this thread in
+/// order. Panels are disjoint, so tasks write without synchronization; the partition does not
+/// depend on the thread count.
+pub fn column_panels<F>(out: &mut [f32], (m, n): (usize, usize), width: usize, parallel: bool, f: F)
 where
     F: Fn(ColumnPanel<'_>) + Sync + Send,
 {
@@ -184,46 +118,29 @@ where
         "bad column panel split"
     );
     let ptr = SendPtr(out.as_mut_ptr());
-    let panels = n.div_ceil(width);
-    (0..panels).into_par_iter().for_each(|p| {
+    let panel = |p: usize| {
         let c0 = p * width;
-        let panel = ColumnPanel {
+        f(ColumnPanel {
             ptr: ptr.get(),
             m,
             n,
             c0,
             c1: (c0 + width).min(n),
             _out: PhantomData,
-        };
-        f(panel)
-    });
-}
-
-/// `par_column_panels` on the calling thread, panel after panel.
-pub fn seq_column_panels<F>(out: &mut [f32], m: usize, n: usize, width: usize, mut f: F)
-where
-    F: FnMut(ColumnPanel<'_>),
-{
-    assert!(
-        width > 0 && m.checked_mul(n) == Some(out.len()),
-        "bad column panel split"
-    );
-    for c0 in (0..n).step_by(width) {
-        f(ColumnPanel {
-            ptr: out.as_mut_ptr(),
-            m,
-            n,
-            c0,
-            c1: (c0 + width).min(n),
-            _out: PhantomData,
-        });
+        })
+    };
+    let panels = n.div_ceil(width);
+    if parallel {
+        (0..panels).into_par_iter().for_each(panel);
+    } else {
+        (0..panels).for_each(panel);
     }
 }
 
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 // SAFETY: only used to hand disjoint column panels of one exclusively borrowed output to
-// parallel tasks (see `par_column_panels`).
+// parallel tasks (see `column_panels`).
 unsafe impl Send for SendPtr {}
 // SAFETY: as above; the pointer itself is never dereferenced through a shared reference.
 unsafe impl Sync for SendPtr {}

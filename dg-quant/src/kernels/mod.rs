@@ -1,147 +1,403 @@
-//! Kernel dispatch: the SIMD body when the CPU has it (checked at run time), else the
-//! portable scalar reference. Callers pass validated slices.
+//! The CPU kernels, as objects: one type per instruction-set level ([`Scalar`], `Avx2Fma`,
+//! `Avx512`), each constructible only where the CPU has its features, so its SIMD methods are
+//! safe to call (the `unsafe` `#[target_feature]` calls inside are justified by the value's
+//! existence). [`Kernels`] holds the one a product runs on; strategies are generic over the
+//! [`Kernel`] trait and monomorphized per kernel, so the choice is made once per product, never
+//! in an inner loop. Every SIMD method has a bit-identical twin on [`Scalar`], and the tests
+//! compare them on every kernel the CPU offers ([`Kernels::available`]).
+//!
+//! Operands are small matrix views ([`View`], [`ViewMut`]) checked to lie inside their slices
+//! when made; the kernels check that the shapes agree.
+
+use std::fmt;
 
 use half::bf16;
 
 use crate::QuantSpec;
 
-pub mod gemm;
-pub mod scalar;
+pub(crate) mod gemm;
+mod scalar;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_64;
+mod x86_64;
 #[cfg(target_arch = "x86_64")]
-pub mod x86_64_avx512;
+mod x86_64_avx512;
 
-/// The widest SIMD the kernels use on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub use scalar::Scalar;
+pub(crate) use scalar::{dequant_value, group_sums, scale_fields};
+#[cfg(test)]
+pub(crate) use scalar::{dot_row_mlx, unpack};
+#[cfg(target_arch = "x86_64")]
+pub use x86_64::Avx2Fma;
+#[cfg(target_arch = "x86_64")]
+pub use x86_64_avx512::Avx512;
+
+/// The widest SIMD a kernel object uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Level {
-    /// Portable kernels (`scalar.rs`).
+    /// Portable code ([`Scalar`]).
     Scalar,
-    /// AVX2 + FMA (`x86_64.rs`).
-    Avx2,
-    /// AVX-512F/BW/VL for the unpacked panels of 4- and 8-bit weights and their register
-    /// tiles, and the tiles of `x @ W` (`x86_64_avx512.rs`), AVX2 elsewhere.
+    /// AVX2 + FMA (`Avx2Fma`).
+    Avx2Fma,
+    /// AVX-512F/BW/VL (`Avx512`): the unpacked panels of 4- and 8-bit weights and the tiles of
+    /// `x @ W`; AVX2 + FMA for the rest.
     Avx512,
 }
 
-/// The kernel level: the best the CPU has, capped by two debugging and testing switches:
-/// `DG_QUANT_FORCE_SCALAR=1` runs every kernel on the portable path,
-/// `DG_QUANT_FORCE_AVX2=1` keeps AVX-512 off (e.g. `DG_QUANT_FORCE_AVX2=1 cargo test -p
-/// dg-quant`).
-#[inline]
-pub fn level() -> Level {
-    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| {
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Scalar => "scalar",
+            Level::Avx2Fma => "AVX2+FMA",
+            Level::Avx512 => "AVX-512",
+        })
+    }
+}
+
+/// A kernel object of one of the levels this CPU has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernels {
+    /// The portable kernels.
+    Scalar(Scalar),
+    /// AVX2 + FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma(Avx2Fma),
+    /// AVX-512 (and AVX2 + FMA where it has no kernel of its own).
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+}
+
+impl Kernels {
+    /// The widest kernels this CPU has, capped by two switches for testing and debugging:
+    /// `DG_QUANT_FORCE_SCALAR=1` keeps every product on the portable kernels,
+    /// `DG_QUANT_FORCE_AVX2=1` keeps AVX-512 off. What every public product runs on.
+    pub fn best() -> Kernels {
+        static BEST: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let all = Kernels::available();
+            all[all.len() - 1]
+        })
+    }
+
+    /// Every kernel object this CPU offers under the switches of [`Kernels::best`], narrowest
+    /// first (always [`Scalar`]): what the tests iterate over in one run.
+    pub fn available() -> Vec<Kernels> {
         let set = |v: &str| std::env::var_os(v).is_some_and(|s| !s.is_empty() && s != "0");
+        let cap = if set("DG_QUANT_FORCE_SCALAR") {
+            Level::Scalar
+        } else if set("DG_QUANT_FORCE_AVX2") {
+            Level::Avx2Fma
+        } else {
+            Level::Avx512
+        };
+        #[allow(unused_mut)] // Only x86-64 has more than the portable kernels.
+        let mut all = vec![Kernels::Scalar(Scalar)];
         #[cfg(target_arch = "x86_64")]
         {
-            if set("DG_QUANT_FORCE_SCALAR") || !x86_64::available() {
-                Level::Scalar
-            } else if set("DG_QUANT_FORCE_AVX2") || !x86_64_avx512::available() {
-                Level::Avx2
-            } else {
-                Level::Avx512
+            if let Some(k) = Avx2Fma::new().filter(|_| cap >= Level::Avx2Fma) {
+                all.push(Kernels::Avx2Fma(k));
+            }
+            if let Some(k) = Avx512::new().filter(|_| cap >= Level::Avx512) {
+                all.push(Kernels::Avx512(k));
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = set;
-            Level::Scalar
+        let _ = cap;
+        all
+    }
+
+    /// This object's level.
+    pub fn level(self) -> Level {
+        match self {
+            Kernels::Scalar(_) => Level::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx2Fma(_) => Level::Avx2Fma,
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx512(_) => Level::Avx512,
         }
-    })
-}
-
-/// Whether the AVX2 + FMA kernels (or wider) run.
-#[inline]
-pub fn has_avx2_fma() -> bool {
-    level() >= Level::Avx2
-}
-
-/// One dequantized row (bit-identical on every path).
-#[inline]
-pub fn dequant_row(
-    words: &[u32],
-    scales: &[bf16],
-    biases: &[bf16],
-    spec: QuantSpec,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(spec.bits, 2 | 4 | 8) && has_avx2_fma() {
-        return x86_64::dequant_row(words, scales, biases, spec.bits, spec.group_size, out);
     }
-    scalar::dequant_row(words, scales, biases, spec, out)
-}
 
-/// The FMA-throughput probe at the widest level this CPU runs: `(smallest lane, FLOPs done)`.
-pub fn fma_probe(rounds: usize) -> (f32, u64) {
-    let chains = (rounds * scalar::PROBE_CHAINS * 2) as u64;
-    #[cfg(target_arch = "x86_64")]
-    match level() {
-        Level::Avx512 => return (x86_64_avx512::fma_probe(rounds), chains * 16),
-        Level::Avx2 => return (x86_64::fma_probe(rounds), chains * 8),
-        Level::Scalar => {}
+    /// The kernels of `self` without AVX-512: what runs where AVX-512 has no kernel of its
+    /// own (named so that a plan says what runs).
+    pub fn without_avx512(self) -> Kernels {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx512(k) => Kernels::Avx2Fma(k.avx2()),
+            other => other,
+        }
     }
-    (scalar::fma_probe(rounds), chains * 8)
 }
 
-/// Whether the unpacked-panel kernels (`unpack_rows_t`, `tiles_q`) run in SIMD for weights of
-/// this spec (AVX-512, 4- or 8-bit); `matmul` routes to them only then.
-pub fn unpacked_panels(spec: QuantSpec) -> bool {
-    cfg!(target_arch = "x86_64") && matches!(spec.bits, 4 | 8) && level() == Level::Avx512
+impl fmt::Display for Kernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.level().fmt(f)
+    }
 }
 
-/// See `scalar::unpack_rows_t` (bit-identical on every path; SIMD lanes past `rows`, up to
-/// the next multiple of 16, are written with zeros, so `ld` must allow them).
-#[inline]
-pub fn unpack_rows_t(
-    words: &[u32],
-    stride: usize,
-    spec: QuantSpec,
+/// `$body` with `$k` bound to the kernel object inside `$kernels`: the one dispatch of a
+/// product, after which its loops are monomorphized for that kernel.
+macro_rules! with_kernel {
+    ($kernels:expr, $k:ident => $body:expr) => {
+        match $kernels {
+            $crate::kernels::Kernels::Scalar($k) => $body,
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::Kernels::Avx2Fma($k) => $body,
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::Kernels::Avx512($k) => $body,
+        }
+    };
+}
+pub(crate) use with_kernel;
+
+/// The kernels every strategy runs, bit-identical on every implementation.
+pub(crate) trait Kernel: Copy + Send + Sync {
+    /// One dequantized row of `out.len()` elements, `f32(f32(scale * q) + bias)` as MLX.
+    fn dequant_row(
+        self,
+        words: &[u32],
+        scales: &[bf16],
+        biases: &[bf16],
+        spec: QuantSpec,
+        out: &mut [f32],
+    );
+
+    /// `out[r][c] = (load ? out[r][c] : 0) + sum_k lhs[r][k] * rhs[k][c]`, one fma per term in
+    /// `k` order; `out.cols()` a multiple of 16. (The tiled `x @ W^T` runs it as
+    /// `W_block @ x^T`, `x @ W` as `x @ W_strip`.)
+    fn tiles(self, lhs: View<'_>, rhs: View<'_>, out: ViewMut<'_>, load: bool);
+
+    /// `y[i] = fma(a, x[i], y[i])` (`x` and `y` of equal length).
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+}
+
+/// The kernels of the unpacked-panel `x @ W^T` (4- and 8-bit weights): [`Scalar`] (the
+/// reference) and `Avx512` (what runs).
+pub(crate) trait PanelKernel: Copy + Send + Sync {
+    /// The quantized fields of `rows` packed rows (`bits` 4 or 8, each row's words `stride`
+    /// apart in `words`), read in place in their words, as a column-major panel:
+    /// `out[k][i] = (q[i][k] << (bits * (k % (32 / bits)))) as f32` for `k < out.rows()`,
+    /// `i < rows`. The lanes `rows..out.cols()` (a multiple of 16) may be written with zeros.
+    fn unpack_rows_t(self, words: &[u32], stride: usize, bits: u32, rows: usize, out: ViewMut<'_>);
+
+    /// Per-group parameters of `rows` rows (`stride` apart) as an f32 table with one column
+    /// per row: `out[g][i] = params[i * stride + g]` for `g < out.rows()`; the lanes
+    /// `rows..out.cols()` (a multiple of 16) may be written with zeros.
+    fn params_t(self, params: &[bf16], stride: usize, rows: usize, out: ViewMut<'_>);
+
+    /// Register tiles over an unpacked panel: `out[i][c] = sum_g fma(b[g][c], xsum[i][g],
+    /// fma(s[g][c], p_g, .))` in group order, from `out[i][c]` when `load` (else 0), where
+    /// `p_g = sum_{k in g} x[i][k] * q[k][c]` (fma, in k order); `out.cols()` a multiple of 32.
+    /// The SIMD body also pulls the lines `ahead` toward the cache, spread over its steps (a
+    /// hint that does not change the results).
+    fn tiles_q(
+        self,
+        x: View<'_>,
+        q: View<'_>,
+        params: GroupParams<'_>,
+        out: ViewMut<'_>,
+        load: bool,
+        ahead: Lines,
+    );
+}
+
+/// Per-group operands of [`PanelKernel::tiles_q`].
+#[derive(Clone, Copy)]
+pub(crate) struct GroupParams<'a> {
+    /// The panel's scales, `[groups, ncols]`.
+    pub scales: View<'a>,
+    /// The panel's biases, `[groups, ncols]`.
+    pub biases: View<'a>,
+    /// The activations' group sums, `[m, groups]`.
+    pub xsum: View<'a>,
+    /// Elements per group.
+    pub group_size: usize,
+}
+
+/// Whether a `rows x cols` matrix with rows `ld` apart fits in `len` elements.
+fn fits(len: usize, rows: usize, cols: usize, ld: usize) -> bool {
+    cols <= ld
+        && (rows == 0
+            || cols == 0
+            || (rows - 1)
+                .checked_mul(ld)
+                .and_then(|e| e.checked_add(cols))
+                .is_some_and(|e| e <= len))
+}
+
+/// A row-major f32 matrix inside a slice: `rows x cols`, rows `ld` apart (checked on
+/// creation, so kernels index it without further checks).
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    data: &'a [f32],
     rows: usize,
     cols: usize,
-    out: &mut [f32],
     ld: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if unpacked_panels(spec) {
-        return x86_64_avx512::unpack_rows_t(words, stride, spec.bits, rows, cols, out, ld);
-    }
-    scalar::unpack_rows_t(words, stride, spec.bits, rows, cols, out, ld)
 }
 
-/// See `scalar::params_t` (bit-identical on every path; SIMD lanes past `rows`, up to the
-/// next multiple of 16, are written with zeros, so `ld` must allow them).
-#[inline]
-pub fn params_t(
-    params: &[bf16],
-    stride: usize,
+impl<'a> View<'a> {
+    #[track_caller]
+    pub fn new(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        assert!(
+            fits(data.len(), rows, cols, ld),
+            "view {rows}x{cols} (ld {ld}) out of a slice of {}",
+            data.len()
+        );
+        View {
+            data,
+            rows,
+            cols,
+            ld,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn ld(&self) -> usize {
+        self.ld
+    }
+
+    /// The `rows x cols` block at `(i, j)`.
+    #[track_caller]
+    pub fn block(&self, (i, j): (usize, usize), (rows, cols): (usize, usize)) -> View<'a> {
+        assert!(
+            i + rows <= self.rows && j + cols <= self.cols,
+            "block out of the view"
+        );
+        View {
+            data: &self.data[(i * self.ld + j).min(self.data.len())..],
+            rows,
+            cols,
+            ld: self.ld,
+        }
+    }
+
+    /// Element `(i, j)`.
+    #[inline(always)]
+    pub fn at(&self, i: usize, j: usize) -> f32 {
+        self.data[i * self.ld + j]
+    }
+
+    /// Pointer to element `(i, j)` (`i <= rows`, `j <= cols`: in or one past the view).
+    #[inline(always)]
+    pub fn ptr(&self, i: usize, j: usize) -> *const f32 {
+        self.data[i * self.ld + j..].as_ptr()
+    }
+}
+
+/// [`View`] with write access.
+pub(crate) struct ViewMut<'a> {
+    data: &'a mut [f32],
     rows: usize,
-    groups: usize,
-    out: &mut [f32],
+    cols: usize,
     ld: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if level() == Level::Avx512 {
-        return x86_64_avx512::params_t(params, stride, rows, groups, out, ld);
-    }
-    scalar::params_t(params, stride, rows, groups, out, ld)
 }
 
-/// Per-group operands of `tiles_q`: the panel's scales and biases `[groups, ld]` (f32) and
-/// the activations' group sums `[m, ldxs]`.
-#[derive(Clone, Copy)]
-pub struct GroupParams<'a> {
-    pub scales: &'a [f32],
-    pub biases: &'a [f32],
-    pub xsum: &'a [f32],
-    pub ldxs: usize,
+impl<'a> ViewMut<'a> {
+    #[track_caller]
+    pub fn new(data: &'a mut [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        assert!(
+            fits(data.len(), rows, cols, ld),
+            "view {rows}x{cols} (ld {ld}) out of a slice of {}",
+            data.len()
+        );
+        ViewMut {
+            data,
+            rows,
+            cols,
+            ld,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn ld(&self) -> usize {
+        self.ld
+    }
+
+    /// The `rows x cols` block at `(i, j)`.
+    #[track_caller]
+    pub fn block_mut(
+        &mut self,
+        (i, j): (usize, usize),
+        (rows, cols): (usize, usize),
+    ) -> ViewMut<'_> {
+        assert!(
+            i + rows <= self.rows && j + cols <= self.cols,
+            "block out of the view"
+        );
+        let at = (i * self.ld + j).min(self.data.len());
+        ViewMut {
+            data: &mut self.data[at..],
+            rows,
+            cols,
+            ld: self.ld,
+        }
+    }
+
+    /// Element `(i, j)`.
+    #[inline(always)]
+    pub fn at(&mut self, i: usize, j: usize) -> &mut f32 {
+        &mut self.data[i * self.ld + j]
+    }
+
+    /// Pointer to element `(i, j)` (`i <= rows`, `j <= cols`).
+    #[inline(always)]
+    pub fn ptr(&mut self, i: usize, j: usize) -> *mut f32 {
+        self.data[i * self.ld + j..].as_mut_ptr()
+    }
+
+    /// Zeroes the view unless `load`; whether there is anything to multiply (`depth`, the
+    /// reduction length, and the view nonempty). The tile kernels' shared start.
+    pub fn start(&mut self, depth: usize, load: bool) -> bool {
+        if self.rows == 0 || self.cols == 0 {
+            return false;
+        }
+        if depth == 0 {
+            if !load {
+                for i in 0..self.rows {
+                    self.data[i * self.ld..i * self.ld + self.cols].fill(0.0);
+                }
+            }
+            return false;
+        }
+        true
+    }
+}
+
+/// Checks that `out = lhs @ rhs` is a well-formed product with `out.cols()` a multiple of
+/// `lanes`.
+#[track_caller]
+pub(crate) fn check_product(lhs: &View<'_>, rhs: &View<'_>, out: &ViewMut<'_>, lanes: usize) {
+    assert!(
+        lhs.cols == rhs.rows
+            && lhs.rows == out.rows
+            && rhs.cols == out.cols
+            && out.cols.is_multiple_of(lanes),
+        "tiles: [{}, {}] @ [{}, {}] into [{}, {}] ({lanes}-column vectors)",
+        lhs.rows,
+        lhs.cols,
+        rhs.rows,
+        rhs.cols,
+        out.rows,
+        out.cols
+    );
 }
 
 /// The cache lines a slice spans, as addresses: what a kernel may prefetch (a hint; no
 /// memory is read through it).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Lines {
+pub(crate) struct Lines {
     /// Address of the first line (64-byte aligned).
     pub first: usize,
     /// Number of lines.
@@ -160,135 +416,215 @@ impl Lines {
     }
 }
 
-/// See `scalar::tiles_q` (bit-identical on every path; `ncols` a multiple of 32). The SIMD
-/// path also pulls the lines `ahead` (e.g. part of the next panel) toward the cache, one at a
-/// time spread over the tiles' steps: a hint that does not change the results.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub fn tiles_q(
-    cols: usize,
-    group_size: usize,
-    x: &[f32],
-    ldx: usize,
-    m: usize,
-    q: &[f32],
-    ld: usize,
-    ncols: usize,
-    params: GroupParams<'_>,
-    out: &mut [f32],
-    ldo: usize,
-    load: bool,
-    ahead: Lines,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if level() == Level::Avx512 {
-        return x86_64_avx512::tiles_q(
-            cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load, ahead,
-        );
-    }
-    let _ = ahead;
-    scalar::tiles_q(
-        cols, group_size, x, ldx, m, q, ld, ncols, params, out, ldo, load,
-    )
-}
-
-/// See `scalar::tiles` (bit-identical on every path).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub fn tiles(
-    kc: usize,
-    xt: &[f32],
-    ldx: usize,
-    m8: usize,
-    w: &[f32],
-    ldw: usize,
-    nr: usize,
-    ct: &mut [f32],
-    ldc: usize,
-    load: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        return x86_64::tiles(kc, xt, ldx, m8, w, ldw, nr, ct, ldc, load);
-    }
-    scalar::tiles(kc, xt, ldx, m8, w, ldw, nr, ct, ldc, load)
-}
-
-/// See `scalar::tiles_n` (bit-identical on every path; `ncols` a multiple of 16).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub fn tiles_n(
-    kc: usize,
-    x: &[f32],
-    ldx: usize,
-    m: usize,
-    w: &[f32],
-    ldw: usize,
-    ncols: usize,
-    p: &mut [f32],
-    ldp: usize,
-    load: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if level() == Level::Avx512 && ncols.is_multiple_of(32) {
-        return x86_64_avx512::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        return x86_64::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load);
-    }
-    scalar::tiles_n(kc, x, ldx, m, w, ldw, ncols, p, ldp, load)
-}
-
-/// The shared prologue of the SIMD `tiles_n` kernels (`strip` = their column width): checks
-/// the layout and extents, settles the cases with nothing to multiply (zeroing `p` when `kc`
-/// is 0 and not `load`), and returns whether the tiles still have to run.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn tiles_n_prologue(
-    what: &str,
-    strip: usize,
-    (kc, x, ldx, m): (usize, &[f32], usize, usize),
-    (w, ldw, ncols): (&[f32], usize, usize),
-    p: &mut [f32],
-    ldp: usize,
-    load: bool,
-) -> bool {
-    assert!(
-        ncols.is_multiple_of(strip) && kc <= ldx && ncols <= ldw && ncols <= ldp,
-        "{what}: bad layout"
-    );
-    if m == 0 || ncols == 0 {
-        return false;
-    }
-    assert!((m - 1) * ldp + ncols <= p.len(), "{what}: p too short");
-    if kc == 0 {
-        if !load {
-            for i in 0..m {
-                p[i * ldp..i * ldp + ncols].fill(0.0);
-            }
-        }
-        return false;
-    }
-    assert!((m - 1) * ldx + kc <= x.len(), "{what}: x too short");
-    assert!((kc - 1) * ldw + ncols <= w.len(), "{what}: w too short");
-    true
-}
-
-/// `y[i] = fma(a, x[i], y[i])` (bit-identical on every path; `x` and `y` of equal length).
-#[inline]
-pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        return x86_64::axpy(a, x, y);
-    }
-    scalar::axpy(a, x, y)
-}
-
 /// Prefetch hint for data needed soon (no-op off x86-64).
 #[inline]
-pub fn prefetch<T>(data: &[T]) {
+pub(crate) fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     x86_64::prefetch(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// Register tiles of [`Kernel::tiles`]: `NR` rows of `lhs` (broadcast) against `MV` vectors of
+/// `rhs`, per `k` one fma per accumulator. Defined once for both vector widths.
+#[cfg(target_arch = "x86_64")]
+macro_rules! register_tile {
+    ($name:ident, $features:literal, $lanes:literal,
+     $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident) => {
+        /// One `NR x (MV * lanes)` register tile of `tiles`.
+        ///
+        /// # Safety
+        /// The features are available; `t.lhs` is valid for reads of `lhs[r * ldl + k]`
+        /// (`r < NR`, `k < kc`), `t.rhs` of `rhs[k * ldr .. + MV * lanes]` (`k < kc`), `t.out`
+        /// for reads and writes of `out[r * ldo .. + MV * lanes]` (`r < NR`).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const MV: usize, const NR: usize>(t: $crate::kernels::Tile) {
+            let mut acc = [[$zero(); MV]; NR];
+            if t.load {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    for (v, a) in a.iter_mut().enumerate() {
+                        // SAFETY: row r < NR, vector v < MV of `out` (contract).
+                        *a = unsafe { $load(t.out.add(r * t.ldo + $lanes * v)) };
+                    }
+                }
+            }
+            for k in 0..t.kc {
+                let mut b = [$zero(); MV];
+                for (v, b) in b.iter_mut().enumerate() {
+                    // SAFETY: row k < kc, vector v < MV of `rhs` (contract).
+                    *b = unsafe { $load(t.rhs.add(k * t.ldr + $lanes * v)) };
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: element (r, k) of `lhs`, r < NR, k < kc (contract).
+                    let l = $set1(unsafe { *t.lhs.add(r * t.ldl + k) });
+                    for (a, b) in a.iter_mut().zip(&b) {
+                        *a = $fmadd(l, *b, *a);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                for (v, a) in a.iter().enumerate() {
+                    // SAFETY: as the loads of `out` above.
+                    unsafe { $store(t.out.add(r * t.ldo + $lanes * v), *a) };
+                }
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use register_tile;
+
+/// Operands of one register tile (pointers at its first row and column).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    pub kc: usize,
+    pub lhs: *const f32,
+    pub ldl: usize,
+    pub rhs: *const f32,
+    pub ldr: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
+    pub load: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile {
+    /// The tile of `out = lhs @ rhs` at row `i`, column `c`.
+    pub fn at(
+        lhs: &View<'_>,
+        rhs: &View<'_>,
+        out: &mut ViewMut<'_>,
+        (i, c): (usize, usize),
+        load: bool,
+    ) -> Self {
+        Tile {
+            kc: lhs.cols(),
+            lhs: lhs.ptr(i, 0),
+            ldl: lhs.ld(),
+            rhs: rhs.ptr(0, c),
+            ldr: rhs.ld(),
+            out: out.ptr(i, c),
+            ldo: out.ld(),
+            load,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Random `[rows, cols]` data with row stride `ld`.
+    fn random(rng: &mut impl Rng, rows: usize, ld: usize) -> Vec<f32> {
+        (0..rows * ld).map(|_| rng.gen_range(-1.0..1.0)).collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn every_kernel_dequantizes_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for bits_ in [2, 3, 4, 5, 6, 8] {
+            for g in [32, 64, 128] {
+                let spec = QuantSpec::new(bits_, g).unwrap();
+                let cols = g * 5;
+                let words: Vec<u32> = (0..spec.words_per_row(cols)).map(|_| rng.gen()).collect();
+                let params = |rng: &mut rand::rngs::StdRng, r: f32| -> Vec<bf16> {
+                    (0..5)
+                        .map(|_| bf16::from_f32(rng.gen_range(-r..r)))
+                        .collect()
+                };
+                let (scales, biases) = (params(&mut rng, 0.05), params(&mut rng, 0.5));
+                let mut want = vec![0.0; cols];
+                Scalar.dequant_row(&words, &scales, &biases, spec, &mut want);
+                for k in Kernels::available() {
+                    let mut got = vec![0.0; cols];
+                    with_kernel!(k, k => k.dequant_row(&words, &scales, &biases, spec, &mut got));
+                    assert_eq!(bits(&got), bits(&want), "{k}: {bits_} bits, group {g}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_tiles_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        // (rows, depth, cols): every tile height and width, partial tiles, odd depths.
+        for (rows, kc, cols) in [
+            (1usize, 1usize, 16usize),
+            (6, 7, 16),
+            (13, 64, 32),
+            (5, 33, 48),
+            (7, 128, 16),
+            (25, 5, 16),
+            (3, 9, 64),
+            (14, 17, 96),
+            (12, 256, 32),
+            (4, 0, 32),
+        ] {
+            let (ldl, ldr, ldo) = (kc + 3, cols + 16, cols + 5);
+            let lhs = random(&mut rng, rows, ldl);
+            let rhs = random(&mut rng, kc.max(1), ldr);
+            let init = random(&mut rng, rows, ldo);
+            for load in [false, true] {
+                let mut want = init.clone();
+                let (l, r) = (
+                    View::new(&lhs, rows, kc, ldl),
+                    View::new(&rhs, kc, cols, ldr),
+                );
+                Scalar.tiles(l, r, ViewMut::new(&mut want, rows, cols, ldo), load);
+                for k in Kernels::available() {
+                    let mut got = init.clone();
+                    let o = ViewMut::new(&mut got, rows, cols, ldo);
+                    with_kernel!(k, k => k.tiles(l, r, o, load));
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{k}: {rows}x{kc}x{cols} load {load}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_axpys_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        for n in [0usize, 1, 7, 8, 9, 64, 259] {
+            let x = random(&mut rng, 1, n);
+            let y = random(&mut rng, 1, n);
+            let a = rng.gen_range(-1.0..1.0);
+            let mut want = y.clone();
+            Scalar.axpy(a, &x, &mut want);
+            for k in Kernels::available() {
+                let mut got = y.clone();
+                with_kernel!(k, k => k.axpy(a, &x, &mut got));
+                assert_eq!(bits(&got), bits(&want), "{k}: n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_switches_cap_the_kernels() {
+        let all = Kernels::available();
+        assert_eq!(all[0], Kernels::Scalar(Scalar));
+        assert!(all.windows(2).all(|w| w[0].level() < w[1].level()));
+        assert_eq!(Kernels::best(), all[all.len() - 1]);
+        let set = |v: &str| std::env::var_os(v).is_some_and(|s| !s.is_empty() && s != "0");
+        if set("DG_QUANT_FORCE_SCALAR") {
+            assert_eq!(all.len(), 1);
+        }
+        if set("DG_QUANT_FORCE_AVX2") {
+            assert!(Kernels::best().level() <= Level::Avx2Fma);
+        }
+        for k in all {
+            assert!(k.without_avx512().level() <= Level::Avx2Fma);
+        }
+    }
 }

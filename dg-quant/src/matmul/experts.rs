@@ -1,0 +1,94 @@
+//! `gather_matmul_t`: the MoE product. Pairs are grouped by expert; each expert is one task
+//! that runs the `x @ W^T` plan of the experts' format on its own thread.
+
+use rayon::prelude::*;
+
+use super::{check_x, Plan, Product};
+use crate::format::{check_len, mul};
+use crate::kernels::Kernels;
+use crate::scratch::with_buffer;
+use crate::{QExperts, QuantError};
+
+/// MoE gathered product (`mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose=True)`):
+/// for each pair `p = (x_row, expert)`, `out[p, :] = x[x_row, :] @ W_expert^T`
+/// (`out [pairs.len(), rows]`). Pairs are grouped by expert (stably, as MLX's sorted path does)
+/// so each expert's weights are read once per call; experts run in parallel.
+pub fn gather_matmul_t(
+    x: &[f32],
+    x_rows: usize,
+    experts: &QExperts,
+    pairs: &[(usize, usize)],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    gather_matmul_t_on(Kernels::best(), x, x_rows, experts, pairs, out)
+}
+
+/// [`gather_matmul_t`] on the given kernels.
+pub(crate) fn gather_matmul_t_on(
+    kernels: Kernels,
+    x: &[f32],
+    x_rows: usize,
+    experts: &QExperts,
+    pairs: &[(usize, usize)],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let (k, n) = (experts.cols(), experts.rows);
+    check_x("gather_matmul_t input x", x, x_rows, k)?;
+    check_len(
+        "gather_matmul_t output",
+        out.len(),
+        mul("gather_matmul_t output", pairs.len(), n)?,
+    )?;
+    for (pair, &(x_row, expert)) in pairs.iter().enumerate() {
+        if x_row >= x_rows || expert >= experts.experts {
+            return Err(QuantError::PairOutOfRange {
+                pair,
+                x_row,
+                expert,
+                x_rows,
+                experts: experts.experts,
+            });
+        }
+    }
+    if pairs.is_empty() || n == 0 {
+        return Ok(());
+    }
+    let plan = Plan::for_weights(Product::XWt, experts.spec(), kernels);
+    // Stable counting sort of the pairs by expert.
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); experts.experts];
+    for (p, &(_, e)) in pairs.iter().enumerate() {
+        by_expert[e].push(p);
+    }
+    // Each expert's task owns its pairs' output rows (disjoint: a pair has one expert).
+    let mut out_rows: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(n).map(Some).collect();
+    let slots: Vec<_> = by_expert
+        .iter()
+        .enumerate()
+        .filter(|(_, ps)| !ps.is_empty())
+        .map(|(e, ps)| {
+            let rows: Vec<&mut [f32]> = ps.iter().filter_map(|&p| out_rows[p].take()).collect();
+            (e, ps.as_slice(), rows)
+        })
+        .collect();
+    slots.into_par_iter().try_for_each(|(e, ps, mut rows)| {
+        let w = experts.expert(e)?;
+        let m = ps.len();
+        if k == 0 {
+            rows.iter_mut().for_each(|r| r.fill(0.0));
+            return Ok(());
+        }
+        with_buffer(m * k + m * n, |buf| {
+            let (xs, res) = buf.split_at_mut(m * k);
+            for (dst, &p) in xs.chunks_exact_mut(k).zip(ps) {
+                let r = pairs[p].0;
+                dst.copy_from_slice(&x[r * k..(r + 1) * k]);
+            }
+            // One expert is one task: its panels run in turn on this thread.
+            plan.run(xs, m, &w, res, false);
+            for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
+                row.copy_from_slice(r);
+            }
+        });
+        Ok::<(), QuantError>(())
+    })
+}

@@ -1,0 +1,157 @@
+//! [`Plan::UnpackedPanels`](super::Plan::UnpackedPanels): `x @ W^T` for 4- and 8-bit weights
+//! over unpacked quantized fields. Each task takes `PANEL_ROWS` weight rows and, a `KC`-column
+//! chunk at a time, transposes their quantized values into a `[kc, 32]` f32 panel and runs
+//! 12-row x 32-column register tiles over it with `x` broadcast, so any `m` runs without
+//! padding rows; each group's scale and bias apply to the partial sums (see the module docs of
+//! `matmul`). The panel holds each field in place in its word (no shift to decode), so the
+//! tiles take `x` scaled by the matching powers of two (`scale_fields`): the products are
+//! exactly those of the shifted fields.
+//!
+//! Generic over [`PanelKernel`]: the plan runs it on AVX-512, the tests also on the scalar
+//! twins.
+
+use rayon::prelude::*;
+
+use crate::kernels::gemm::{column_panels, ColumnPanel};
+use crate::kernels::{group_sums, scale_fields, GroupParams, Lines, PanelKernel, View, ViewMut};
+use crate::scratch::with_buffer;
+use crate::QMatrix;
+
+/// Weight rows per panel (two 16-lane register columns).
+const PANEL_ROWS: usize = 32;
+/// Reduction chunk: a `[128, 32]` f32 panel chunk (16 KB) and the matching activation columns
+/// stay in L1.
+const KC: usize = 128;
+/// Activation elements from which the rows (group sums, scaled copy) are prepared in
+/// parallel: a serial step before the parallel panels, whose share grows with the core count
+/// (docs/PERFORMANCE.md).
+const PARALLEL_PREPARE_MIN: usize = 1 << 16;
+/// Bytes of `x` (f32) per pass over the weights. Without the split, each 32-row panel streamed
+/// all of `x` from L3 at 256 rows (2.9-4 MB); 768 KB blocks stay within a 1 MB or 2 MB L2, for
+/// one more unpack per pass (docs/PERFORMANCE.md).
+pub(super) const X_BLOCK_BYTES: usize = 768 << 10;
+
+/// `out [m, w.rows] = x [m, w.cols] @ W^T` (shapes checked, none empty; 4- or 8-bit `w`).
+pub(super) fn matmul_t(
+    kern: impl PanelKernel,
+    x: &[f32],
+    m: usize,
+    w: &QMatrix,
+    out: &mut [f32],
+    parallel: bool,
+) {
+    let (k, gs) = (w.cols, w.spec.group_size);
+    let groups = k / gs;
+    let ldx = padded_stride(k);
+    let mut xsum = vec![0.0f32; m * groups];
+    with_buffer(m * ldx, |xf| {
+        // Per row: the group sums, and x scaled to the panels' in-place fields.
+        let prepare = |((xr, sr), fr): ((&[f32], &mut [f32]), &mut [f32])| {
+            group_sums(xr, gs, sr);
+            scale_fields(xr, w.spec.bits, &mut fr[..k]);
+        };
+        let rows = x.chunks_exact(k).zip(xsum.chunks_exact_mut(groups));
+        if parallel && m * k >= PARALLEL_PREPARE_MIN {
+            let rows = x.par_chunks_exact(k).zip(xsum.par_chunks_exact_mut(groups));
+            rows.zip(xf.par_chunks_exact_mut(ldx)).for_each(prepare);
+        } else {
+            rows.zip(xf.chunks_exact_mut(ldx)).for_each(prepare);
+        }
+        panels(kern, View::new(xf, m, k, ldx), &xsum, w, out, parallel)
+    })
+}
+
+/// Row stride (in f32s) for `k`-wide activation rows that the register tiles read together:
+/// one cache line more than `k`, so that rows a multiple of 4 KB apart (k = 1024, 4096: the
+/// o_proj input) do not all fall in the same L1 set, where a 12-row tile evicts its own lines.
+fn padded_stride(k: usize) -> usize {
+    k + 16
+}
+
+/// [`matmul_t`] once `x` is scaled (`xf`) and its group sums are known.
+fn panels(
+    kern: impl PanelKernel,
+    xf: View<'_>,
+    xsum: &[f32],
+    w: &QMatrix,
+    out: &mut [f32],
+    parallel: bool,
+) {
+    const P: usize = PANEL_ROWS;
+    let (m, k, gs) = (xf.rows(), w.cols, w.spec.group_size);
+    let groups = k / gs;
+    let kc = (KC.max(gs) / gs * gs).min(k);
+    let wpr = w.spec.words_per_row(k);
+    // Passes over the weights, each with a block of x's rows small enough to stay in L2 from
+    // one panel to the next (every panel reads all of its block).
+    let passes = (m * k * 4).div_ceil(X_BLOCK_BYTES).clamp(1, m);
+    for (i0, mb) in even_blocks(m, passes) {
+        let task = |mut panel: ColumnPanel<'_>| {
+            let (r0, nr) = (panel.start(), panel.width());
+            let rows = w.row_slice(r0, r0 + nr);
+            // The next panel, pulled toward the cache a share per chunk (`next_panel_share`).
+            let next = w.row_slice((r0 + P).min(w.rows), (r0 + 2 * P).min(w.rows));
+            let chunks = k.div_ceil(kc);
+            with_buffer(kc * P + 2 * groups * P + mb * P, |buf| {
+                let (q, rest) = buf.split_at_mut(kc * P);
+                let (s, rest) = rest.split_at_mut(groups * P);
+                let (b, ct) = rest.split_at_mut(groups * P);
+                // Columns past nr are zero (scales and biases too), so they add nothing.
+                if nr < P {
+                    q.fill(0.0);
+                    s.fill(0.0);
+                    b.fill(0.0);
+                }
+                kern.params_t(rows.scales, groups, nr, ViewMut::new(s, groups, P, P));
+                kern.params_t(rows.biases, groups, nr, ViewMut::new(b, groups, P, P));
+                for (ci, k0) in (0..k).step_by(kc).enumerate() {
+                    // Prefetched by the tiles one line every few steps: bursts (half before
+                    // the unpack, half after) held every line-fill buffer while they went to
+                    // DRAM and stalled the loads behind them (docs/PERFORMANCE.md).
+                    let ahead = next_panel_share(&next, ci, chunks);
+                    let kn = kc.min(k - k0);
+                    let w0 = k0 * w.spec.bits as usize / 32;
+                    let panel_q = ViewMut::new(q, kn, P, P);
+                    kern.unpack_rows_t(&rows.packed[w0..], wpr, w.spec.bits, nr, panel_q);
+                    let (g0, gn) = (k0 / gs, kn / gs);
+                    let params = GroupParams {
+                        scales: View::new(&s[g0 * P..], gn, P, P),
+                        biases: View::new(&b[g0 * P..], gn, P, P),
+                        xsum: View::new(&xsum[i0 * groups + g0..], mb, gn, groups),
+                        group_size: gs,
+                    };
+                    let x = xf.block((i0, k0), (mb, kn));
+                    let q = View::new(q, kn, P, P);
+                    let out = ViewMut::new(ct, mb, P, P);
+                    kern.tiles_q(x, q, params, out, k0 > 0, ahead);
+                }
+                for (i, c) in ct.chunks_exact(P).enumerate() {
+                    panel.row_mut(i0 + i).copy_from_slice(&c[..nr]);
+                }
+            });
+        };
+        column_panels(out, (m, w.rows), P, parallel, task);
+    }
+}
+
+/// The lines of `panel` that chunk `ci` of `chunks` prefetches: the scales, the biases, then
+/// the packed words shared out over the remaining chunks (all of it to each chunk if fewer
+/// than three: a repeated prefetch of a cached line is cheap).
+fn next_panel_share(panel: &QMatrix, ci: usize, chunks: usize) -> Lines {
+    match (ci, chunks) {
+        (0, 3..) => Lines::of(panel.scales),
+        (1, 3..) => Lines::of(panel.biases),
+        (_, 3..) => {
+            let (len, n) = (panel.packed.len(), chunks - 2);
+            let step = len.div_ceil(n);
+            let i = ci - 2;
+            Lines::of(&panel.packed[(i * step).min(len)..((i + 1) * step).min(len)])
+        }
+        _ => Lines::of(panel.packed),
+    }
+}
+
+/// `(first row, rows)` of `n` blocks of nearly equal height over `m` rows.
+fn even_blocks(m: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).map(move |b| (b * m / n, (b + 1) * m / n - b * m / n))
+}
