@@ -11,6 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use dg_core::synthetic::{write_checkpoint, SyntheticSpec};
 use dg_core::{DecoderInput, SelfConditioning};
 use dg_engine::{Defaults, DiffusionGemma, Request, Sampler};
+use dg_quant::{Kernels, Plan, Product, QuantSpec};
 
 fn bench_spec() -> SyntheticSpec {
     SyntheticSpec {
@@ -37,6 +38,16 @@ fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
     write_checkpoint(dir.path(), &bench_spec()).expect("write checkpoint");
     let model = DiffusionGemma::load(dir.path()).expect("load");
+    // What the quantized products run on this CPU (the plan depends on the bits only).
+    for bits in [4, 8] {
+        let spec = QuantSpec::new(bits, 64).expect("spec");
+        let plan = |product| Plan::for_weights(product, spec, Kernels::best());
+        eprintln!(
+            "{bits}-bit weights: {}; {}",
+            plan(Product::XWt),
+            plan(Product::XW)
+        );
+    }
     let prompt: Vec<u32> = (10..42).collect();
     let cache = model.prefill(&prompt).expect("prefill");
     let canvas: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();

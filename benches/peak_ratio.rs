@@ -5,7 +5,7 @@
 //!   16-accumulator sum of `benches/common` on a cold f32 slice of the same byte size). Bytes
 //!   are weight bytes read (packed + scales + biases). Target: >= 60%.
 //! - 256 rows: each product against the FMA peak of the same threads
-//!   (`dg_quant::peak::fma_peak` on every thread of the pool at once, in registers). Target:
+//!   (`dg_bench::fma_peak` on every thread of the pool at once, in registers). Target:
 //!   >= 50%.
 //!
 //! `cargo bench --bench peak_ratio -- experts` runs only the cases whose name contains
@@ -207,7 +207,7 @@ fn many_rows() {
         // Probe rounds per second on one thread, to give each yardstick run about the
         // kernel's duration.
         let t = Instant::now();
-        black_box(dg_quant::peak::fma_peak(10_000_000));
+        black_box(dg_bench::fma_peak(10_000_000));
         let rounds_per_s = 1e7 / t.elapsed().as_secs_f64();
         for (name, flops, run) in cases.iter_mut().filter(|c| selected(&c.0)) {
             let (mut kernel, mut peak, mut ratio) = (vec![], vec![], vec![]);
@@ -218,7 +218,7 @@ fn many_rows() {
                 let rounds = (tk * rounds_per_s) as usize + 1;
                 let t = Instant::now();
                 let done: u64 = pool
-                    .broadcast(|_| dg_quant::peak::fma_peak(rounds))
+                    .broadcast(|_| dg_bench::fma_peak(rounds))
                     .iter()
                     .map(|r| r.flops)
                     .sum();

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dg_quant::QMatrix;
+use dg_quant::{Product, QMatrix};
 use rayon::prelude::*;
 
 mod common;
@@ -49,6 +49,7 @@ fn linears(c: &mut Criterion) {
     for (name, rows, cols, bits) in shapes {
         let w = Weights::random(&mut rng, 1, rows, cols, bits);
         let q = w.matrix();
+        eprintln!("{name}: {}", q.plan(Product::XWt));
         for m in [1usize, 16, 256] {
             let x = random_x(&mut rng, m * cols);
             let mut out = vec![0.0f32; m * rows];
@@ -65,13 +66,14 @@ fn linears(c: &mut Criterion) {
     // The soft-embedding product `probs [m, vocab] @ embed [vocab, hidden]` on a vocab slice.
     let w = Weights::random(&mut rng, 1, 16384, 2816, 4);
     let q = w.matrix();
+    eprintln!("embed_slice_4b_xW: {}", q.plan(Product::XW));
     for m in [1usize, 16, 256] {
-        let x = random_x(&mut rng, m * q.rows);
-        let mut out = vec![0.0f32; m * q.cols];
+        let x = random_x(&mut rng, m * q.rows());
+        let mut out = vec![0.0f32; m * q.cols()];
         if m == 1 {
             g.throughput(Throughput::Bytes(q.bytes() as u64));
         } else {
-            g.throughput(Throughput::Elements((2 * m * q.rows * q.cols) as u64));
+            g.throughput(Throughput::Elements((2 * m * q.rows() * q.cols()) as u64));
         }
         g.bench_with_input(BenchmarkId::new("embed_slice_4b_xW", m), &m, |b, &m| {
             b.iter(|| pool.install(|| dg_quant::matmul(&x, m, &q, &mut out).unwrap()))

@@ -177,8 +177,7 @@ pub fn dequantize(w: &QMatrix, out: &mut [f32]) -> Result<(), QuantError> {
             .for_each(|(t, chunk)| {
                 for (i, row) in chunk.chunks_exact_mut(w.cols).enumerate() {
                     let r = t * DEQUANT_ROWS_PER_TASK + i;
-                    let (s, b) = w.row_params(r);
-                    k.dequant_row(w.row_words(r), s, b, w.spec, row);
+                    k.dequant_row(w.row(r), row);
                 }
             })
     });
@@ -201,8 +200,7 @@ pub fn embedding(w: &QMatrix, ids: &[u32], out: &mut [f32]) -> Result<(), QuantE
     with_kernel!(Kernels::best(), k => {
         for (&id, row) in ids.iter().zip(out.chunks_exact_mut(w.cols)) {
             let r = id as usize;
-            let (s, b) = w.row_params(r);
-            k.dequant_row(w.row_words(r), s, b, w.spec, row);
+            k.dequant_row(w.row(r), row);
         }
     });
     Ok(())

@@ -154,21 +154,16 @@ impl<'a> QMatrix<'a> {
         self.cols / self.spec.group_size
     }
 
-    /// Packed words of row `r` (`r < rows`).
+    /// Row `r` (`r < rows`).
     #[inline]
-    pub(crate) fn row_words(&self, r: usize) -> &'a [u32] {
-        let w = self.spec.words_per_row(self.cols);
-        &self.packed[r * w..(r + 1) * w]
-    }
-
-    /// Scales and biases of row `r` (`r < rows`).
-    #[inline]
-    pub(crate) fn row_params(&self, r: usize) -> (&'a [bf16], &'a [bf16]) {
-        let g = self.groups_per_row();
-        (
-            &self.scales[r * g..(r + 1) * g],
-            &self.biases[r * g..(r + 1) * g],
-        )
+    pub(crate) fn row(&self, r: usize) -> QRow<'a> {
+        let (w, g) = (self.spec.words_per_row(self.cols), self.groups_per_row());
+        QRow {
+            words: &self.packed[r * w..(r + 1) * w],
+            scales: &self.scales[r * g..(r + 1) * g],
+            biases: &self.biases[r * g..(r + 1) * g],
+            spec: self.spec,
+        }
     }
 
     /// Rows `r0..r1` as a matrix of their own.
@@ -188,6 +183,30 @@ impl<'a> QMatrix<'a> {
     /// Bytes of weights a full pass reads (packed + scales + biases).
     pub fn bytes(&self) -> usize {
         self.packed.len() * 4 + (self.scales.len() + self.biases.len()) * 2
+    }
+}
+
+/// One packed row of a [`QMatrix`], or a group-aligned run of its columns: what a kernel
+/// dequantizes.
+#[derive(Clone, Copy)]
+pub(crate) struct QRow<'a> {
+    pub words: &'a [u32],
+    pub scales: &'a [bf16],
+    pub biases: &'a [bf16],
+    pub spec: QuantSpec,
+}
+
+impl<'a> QRow<'a> {
+    /// Columns `c0..c1` (group-aligned).
+    #[inline]
+    pub fn part(self, c0: usize, c1: usize) -> QRow<'a> {
+        let (g, bits) = (self.spec.group_size, self.spec.bits as usize);
+        QRow {
+            words: &self.words[c0 * bits / 32..c1 * bits / 32],
+            scales: &self.scales[c0 / g..c1 / g],
+            biases: &self.biases[c0 / g..c1 / g],
+            spec: self.spec,
+        }
     }
 }
 

@@ -13,8 +13,8 @@ thread_local! {
 }
 
 /// Alignment of the buffers `with_buffer` hands out, in f32s: one cache line. A 64-byte vector
-/// load or store that straddles two lines costs two accesses; on the unpacked panels that
-/// nearly doubled the time of the stores (measured on Emerald Rapids).
+/// load or store that straddles two lines costs two accesses (the unpacked panels' stores;
+/// docs/PERFORMANCE.md).
 const ALIGN: usize = 16;
 
 /// Index of the first element of `buf` on a 64-byte boundary (a `Vec<f32>` is 4-byte aligned,

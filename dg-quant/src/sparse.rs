@@ -44,7 +44,6 @@ use rayon::prelude::*;
 use crate::format::{check_len, mul};
 use crate::kernels::gemm::column_panels;
 use crate::kernels::{dequant_value, with_kernel, Kernel};
-use crate::matmul::dequant_part;
 use crate::{Product, QMatrix, QuantError};
 
 /// `tau` of the bound: the skipped weight may move an output by `tau * u` of the row's scale.
@@ -99,8 +98,8 @@ pub fn row_max_abs(w: &QMatrix) -> Vec<f32> {
     let mut out = vec![0.0f32; w.rows];
     out.par_chunks_mut(4096).enumerate().for_each(|(k, out)| {
         for (i, o) in out.iter_mut().enumerate() {
-            let (s, b) = w.row_params(k * 4096 + i);
-            *o = s.iter().zip(b).fold(0.0f32, |m, (s, b)| {
+            let row = w.row(k * 4096 + i);
+            *o = row.scales.iter().zip(row.biases).fold(0.0f32, |m, (s, b)| {
                 let (s, b) = (s.to_f32(), b.to_f32());
                 let hi = dequant_value(q_max, s, b);
                 m.max(b.abs()).max(hi.abs())
@@ -274,7 +273,7 @@ fn gathered_product(
                 chunk = v / REDUCE_ROWS;
                 flush(&mut acc, &mut sum);
             }
-            dequant_part(kern, w, v, (c0, c0 + cw), &mut e);
+            kern.dequant_row(w.row(v).part(c0, c0 + cw), &mut e);
             for &(j, p) in &entries[start[v] as usize..start[v + 1] as usize] {
                 let j = j as usize;
                 kern.axpy(p, &e, &mut acc[j * cw..(j + 1) * cw]);

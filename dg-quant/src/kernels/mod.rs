@@ -13,6 +13,8 @@ use std::fmt;
 
 use half::bf16;
 
+use crate::format::QRow;
+#[cfg(test)]
 use crate::QuantSpec;
 
 pub(crate) mod gemm;
@@ -151,17 +153,10 @@ pub(crate) use with_kernel;
 /// The kernels every strategy runs, bit-identical on every implementation.
 pub(crate) trait Kernel: Copy + Send + Sync {
     /// One dequantized row of `out.len()` elements, `f32(f32(scale * q) + bias)` as MLX.
-    fn dequant_row(
-        self,
-        words: &[u32],
-        scales: &[bf16],
-        biases: &[bf16],
-        spec: QuantSpec,
-        out: &mut [f32],
-    );
+    fn dequant_row(self, row: QRow<'_>, out: &mut [f32]);
 
     /// `out[r][c] = (load ? out[r][c] : 0) + sum_k lhs[r][k] * rhs[k][c]`, one fma per term in
-    /// `k` order; `out.cols()` a multiple of 16. (The tiled `x @ W^T` runs it as
+    /// `k` order; `out.cols()` a multiple of 8. (The tiled `x @ W^T` runs it as
     /// `W_block @ x^T`, `x @ W` as `x @ W_strip`.)
     fn tiles(self, lhs: View<'_>, rhs: View<'_>, out: ViewMut<'_>, load: bool);
 
@@ -212,41 +207,27 @@ pub(crate) struct GroupParams<'a> {
     pub group_size: usize,
 }
 
-/// Whether a `rows x cols` matrix with rows `ld` apart fits in `len` elements.
-fn fits(len: usize, rows: usize, cols: usize, ld: usize) -> bool {
-    cols <= ld
-        && (rows == 0
-            || cols == 0
-            || (rows - 1)
-                .checked_mul(ld)
-                .and_then(|e| e.checked_add(cols))
-                .is_some_and(|e| e <= len))
-}
-
-/// A row-major f32 matrix inside a slice: `rows x cols`, rows `ld` apart (checked on
-/// creation, so kernels index it without further checks).
-#[derive(Clone, Copy)]
-pub(crate) struct View<'a> {
-    data: &'a [f32],
+/// The shape of a row-major matrix inside a slice: `rows x cols`, rows `ld` apart.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
     rows: usize,
     cols: usize,
     ld: usize,
 }
 
-impl<'a> View<'a> {
+impl Shape {
+    /// The shape, checked to fit in `len` elements.
     #[track_caller]
-    pub fn new(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
-        assert!(
-            fits(data.len(), rows, cols, ld),
-            "view {rows}x{cols} (ld {ld}) out of a slice of {}",
-            data.len()
-        );
-        View {
-            data,
-            rows,
-            cols,
-            ld,
-        }
+    fn fitting(len: usize, rows: usize, cols: usize, ld: usize) -> Shape {
+        let fits = cols <= ld
+            && (rows == 0
+                || cols == 0
+                || (rows - 1)
+                    .checked_mul(ld)
+                    .and_then(|e| e.checked_add(cols))
+                    .is_some_and(|e| e <= len));
+        assert!(fits, "view {rows}x{cols} (ld {ld}) out of a slice of {len}");
+        Shape { rows, cols, ld }
     }
 
     pub fn rows(&self) -> usize {
@@ -261,18 +242,57 @@ impl<'a> View<'a> {
         self.ld
     }
 
-    /// The `rows x cols` block at `(i, j)`.
+    /// The `rows x cols` block at `(i, j)`: its offset in the slice (at most `len`) and shape.
     #[track_caller]
-    pub fn block(&self, (i, j): (usize, usize), (rows, cols): (usize, usize)) -> View<'a> {
+    fn block(
+        &self,
+        len: usize,
+        (i, j): (usize, usize),
+        (rows, cols): (usize, usize),
+    ) -> (usize, Shape) {
         assert!(
             i + rows <= self.rows && j + cols <= self.cols,
             "block out of the view"
         );
-        View {
-            data: &self.data[(i * self.ld + j).min(self.data.len())..],
+        let shape = Shape {
             rows,
             cols,
             ld: self.ld,
+        };
+        ((i * self.ld + j).min(len), shape)
+    }
+}
+
+/// A row-major f32 matrix inside a slice, checked to fit on creation, so kernels index it
+/// without further checks.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    data: &'a [f32],
+    shape: Shape,
+}
+
+impl std::ops::Deref for View<'_> {
+    type Target = Shape;
+
+    fn deref(&self) -> &Shape {
+        &self.shape
+    }
+}
+
+impl<'a> View<'a> {
+    #[track_caller]
+    pub fn new(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        let shape = Shape::fitting(data.len(), rows, cols, ld);
+        View { data, shape }
+    }
+
+    /// The `rows x cols` block at `(i, j)`.
+    #[track_caller]
+    pub fn block(&self, at: (usize, usize), size: (usize, usize)) -> View<'a> {
+        let (offset, shape) = self.shape.block(self.data.len(), at, size);
+        View {
+            data: &self.data[offset..],
+            shape,
         }
     }
 
@@ -292,81 +312,57 @@ impl<'a> View<'a> {
 /// [`View`] with write access.
 pub(crate) struct ViewMut<'a> {
     data: &'a mut [f32],
-    rows: usize,
-    cols: usize,
-    ld: usize,
+    shape: Shape,
+}
+
+impl std::ops::Deref for ViewMut<'_> {
+    type Target = Shape;
+
+    fn deref(&self) -> &Shape {
+        &self.shape
+    }
 }
 
 impl<'a> ViewMut<'a> {
     #[track_caller]
     pub fn new(data: &'a mut [f32], rows: usize, cols: usize, ld: usize) -> Self {
-        assert!(
-            fits(data.len(), rows, cols, ld),
-            "view {rows}x{cols} (ld {ld}) out of a slice of {}",
-            data.len()
-        );
-        ViewMut {
-            data,
-            rows,
-            cols,
-            ld,
-        }
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    pub fn ld(&self) -> usize {
-        self.ld
+        let shape = Shape::fitting(data.len(), rows, cols, ld);
+        ViewMut { data, shape }
     }
 
     /// The `rows x cols` block at `(i, j)`.
     #[track_caller]
-    pub fn block_mut(
-        &mut self,
-        (i, j): (usize, usize),
-        (rows, cols): (usize, usize),
-    ) -> ViewMut<'_> {
-        assert!(
-            i + rows <= self.rows && j + cols <= self.cols,
-            "block out of the view"
-        );
-        let at = (i * self.ld + j).min(self.data.len());
+    pub fn block_mut(&mut self, at: (usize, usize), size: (usize, usize)) -> ViewMut<'_> {
+        let (offset, shape) = self.shape.block(self.data.len(), at, size);
         ViewMut {
-            data: &mut self.data[at..],
-            rows,
-            cols,
-            ld: self.ld,
+            data: &mut self.data[offset..],
+            shape,
         }
     }
 
     /// Element `(i, j)`.
     #[inline(always)]
     pub fn at(&mut self, i: usize, j: usize) -> &mut f32 {
-        &mut self.data[i * self.ld + j]
+        &mut self.data[i * self.shape.ld + j]
     }
 
     /// Pointer to element `(i, j)` (`i <= rows`, `j <= cols`).
     #[inline(always)]
     pub fn ptr(&mut self, i: usize, j: usize) -> *mut f32 {
-        self.data[i * self.ld + j..].as_mut_ptr()
+        self.data[i * self.shape.ld + j..].as_mut_ptr()
     }
 
     /// Zeroes the view unless `load`; whether there is anything to multiply (`depth`, the
     /// reduction length, and the view nonempty). The tile kernels' shared start.
     pub fn start(&mut self, depth: usize, load: bool) -> bool {
-        if self.rows == 0 || self.cols == 0 {
+        let Shape { rows, cols, ld } = self.shape;
+        if rows == 0 || cols == 0 {
             return false;
         }
         if depth == 0 {
             if !load {
-                for i in 0..self.rows {
-                    self.data[i * self.ld..i * self.ld + self.cols].fill(0.0);
+                for i in 0..rows {
+                    self.data[i * ld..i * ld + cols].fill(0.0);
                 }
             }
             return false;
@@ -542,10 +538,16 @@ mod tests {
                 };
                 let (scales, biases) = (params(&mut rng, 0.05), params(&mut rng, 0.5));
                 let mut want = vec![0.0; cols];
-                Scalar.dequant_row(&words, &scales, &biases, spec, &mut want);
+                let row = QRow {
+                    words: &words,
+                    scales: &scales,
+                    biases: &biases,
+                    spec,
+                };
+                Scalar.dequant_row(row, &mut want);
                 for k in Kernels::available() {
                     let mut got = vec![0.0; cols];
-                    with_kernel!(k, k => k.dequant_row(&words, &scales, &biases, spec, &mut got));
+                    with_kernel!(k, k => k.dequant_row(row, &mut got));
                     assert_eq!(bits(&got), bits(&want), "{k}: {bits_} bits, group {g}");
                 }
             }

@@ -4,26 +4,19 @@
 use half::bf16;
 
 use super::{check_product, GroupParams, Kernel, PanelKernel, View, ViewMut};
-use crate::QuantSpec;
+use crate::format::QRow;
 
 /// The portable kernels (every CPU has them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Scalar;
 
 impl Kernel for Scalar {
-    fn dequant_row(
-        self,
-        words: &[u32],
-        scales: &[bf16],
-        biases: &[bf16],
-        spec: QuantSpec,
-        out: &mut [f32],
-    ) {
-        let g = spec.group_size;
+    fn dequant_row(self, row: QRow<'_>, out: &mut [f32]) {
+        let g = row.spec.group_size;
         for (gi, chunk) in out.chunks_exact_mut(g).enumerate() {
-            let (s, b) = (scales[gi].to_f32(), biases[gi].to_f32());
+            let (s, b) = (row.scales[gi].to_f32(), row.biases[gi].to_f32());
             for (j, o) in chunk.iter_mut().enumerate() {
-                *o = dequant_value(unpack(words, gi * g + j, spec.bits), s, b);
+                *o = dequant_value(unpack(row.words, gi * g + j, row.spec.bits), s, b);
             }
         }
     }
@@ -180,20 +173,14 @@ pub fn group_sums(x: &[f32], group_size: usize, out: &mut [f32]) {
 /// (`_qmm_t`): a sequential sum of `x_k * (scale * q_k + bias)`. Used by tests as the
 /// ground-truth formula; the fast paths reorder the sum.
 #[cfg(test)]
-pub fn dot_row_mlx(
-    x: &[f32],
-    words: &[u32],
-    scales: &[bf16],
-    biases: &[bf16],
-    spec: QuantSpec,
-) -> f32 {
-    let g = spec.group_size;
+pub fn dot_row_mlx(x: &[f32], row: QRow<'_>) -> f32 {
+    let g = row.spec.group_size;
     let mut sum = 0.0f32;
     for (k, xv) in x.iter().enumerate() {
         let w = dequant_value(
-            unpack(words, k, spec.bits),
-            scales[k / g].to_f32(),
-            biases[k / g].to_f32(),
+            unpack(row.words, k, row.spec.bits),
+            row.scales[k / g].to_f32(),
+            row.biases[k / g].to_f32(),
         );
         sum += xv * w;
     }

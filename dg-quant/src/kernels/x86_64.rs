@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use half::bf16;
 
 use super::{check_product, register_tile, Kernel, Scalar, Tile, View, ViewMut};
-use crate::QuantSpec;
+use crate::format::QRow;
 
 /// The AVX2 + FMA kernels: a value exists only on a CPU with both features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,18 +38,17 @@ pub fn prefetch<T>(data: &[T]) {
 const TILE_ROWS: usize = 6;
 
 impl Kernel for Avx2Fma {
-    fn dequant_row(
-        self,
-        words: &[u32],
-        scales: &[bf16],
-        biases: &[bf16],
-        spec: QuantSpec,
-        out: &mut [f32],
-    ) {
-        let (bits, group_size) = (spec.bits, spec.group_size);
+    fn dequant_row(self, row: QRow<'_>, out: &mut [f32]) {
+        let (bits, group_size) = (row.spec.bits, row.spec.group_size);
         if !matches!(bits, 2 | 4 | 8) {
-            return Scalar.dequant_row(words, scales, biases, spec, out);
+            return Scalar.dequant_row(row, out);
         }
+        let QRow {
+            words,
+            scales,
+            biases,
+            ..
+        } = row;
         let groups = out.len() / group_size;
         assert!(
             out.len().is_multiple_of(group_size)

@@ -19,7 +19,7 @@ use super::{
     check_product, register_tile, Avx2Fma, GroupParams, Kernel, Lines, PanelKernel, Tile, View,
     ViewMut,
 };
-use crate::QuantSpec;
+use crate::format::QRow;
 
 /// The AVX-512 kernels: a value exists only on a CPU with AVX-512F/BW/VL, AVX2 and FMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,15 +48,8 @@ impl Avx512 {
 const TILE_ROWS: usize = 6;
 
 impl Kernel for Avx512 {
-    fn dequant_row(
-        self,
-        words: &[u32],
-        scales: &[bf16],
-        biases: &[bf16],
-        spec: QuantSpec,
-        out: &mut [f32],
-    ) {
-        self.avx2.dequant_row(words, scales, biases, spec, out)
+    fn dequant_row(self, row: QRow<'_>, out: &mut [f32]) {
+        self.avx2.dequant_row(row, out)
     }
 
     /// 6-row x 32-column register tiles (`row_tiles`); AVX2's where the width is not a
@@ -470,8 +463,8 @@ fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
 /// three times at 16 rows, the experts' typical count (docs/PERFORMANCE.md).
 const TILE_Q_ROWS: usize = 12;
 /// `k` steps of a `tile_q` between two of its prefetches (`tiles_q`'s `ahead`). Bursts held
-/// every line-fill buffer and stalled the loads behind them; one line every 2, 4 or 8 steps,
-/// or spread evenly over the tiles, measured alike (paired runs, +-1%).
+/// every line-fill buffer and stalled the loads behind them; other spacings measured alike
+/// (docs/PERFORMANCE.md).
 const PREFETCH_STEPS: usize = 4;
 
 /// `(first row, height)` of the register tiles over `m` rows: as few as `max` rows each allows,

@@ -33,7 +33,7 @@ use std::fmt;
 use crate::format::{check_len, mul};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::Avx512;
-use crate::kernels::{with_kernel, Kernel, Kernels};
+use crate::kernels::{with_kernel, Kernels};
 use crate::{QExperts, QMatrix, QuantError, QuantSpec};
 
 mod experts;
@@ -155,79 +155,41 @@ fn check_x(what: &'static str, x: &[f32], m: usize, width: usize) -> Result<(), 
 /// `out [m, rows] = x [m, cols] @ W^T` (`mx.quantized_matmul(x, w, scales, biases,
 /// transpose=True)`).
 pub fn matmul_t(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_t_on(Kernels::best(), x, m, w, out)
-}
-
-/// [`matmul_t`] on the given kernels.
-pub(crate) fn matmul_t_on(
-    kernels: Kernels,
-    x: &[f32],
-    m: usize,
-    w: &QMatrix,
-    out: &mut [f32],
-) -> Result<(), QuantError> {
-    check_x("matmul_t input x", x, m, w.cols)?;
-    check_len(
-        "matmul_t output",
-        out.len(),
-        mul("matmul_t output", m, w.rows)?,
-    )?;
-    if m == 0 || w.rows == 0 {
-        return Ok(());
-    }
-    if w.cols == 0 {
-        out.fill(0.0);
-        return Ok(());
-    }
-    Plan::for_weights(Product::XWt, w.spec, kernels).run(x, m, w, out, true);
-    Ok(())
+    product_on(Product::XWt, Kernels::best(), x, m, w, out)
 }
 
 /// `out [m, cols] = x [m, rows] @ W` (`mx.quantized_matmul(..., transpose=False)`; the
 /// soft-embedding product `probs @ embed`).
 pub fn matmul(x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_on(Kernels::best(), x, m, w, out)
+    product_on(Product::XW, Kernels::best(), x, m, w, out)
 }
 
-/// [`matmul`] on the given kernels.
-pub(crate) fn matmul_on(
+/// [`matmul_t`] or [`matmul`] on the given kernels: validates the shapes, settles the empty
+/// ones, and runs the plan.
+pub(crate) fn product_on(
+    product: Product,
     kernels: Kernels,
     x: &[f32],
     m: usize,
     w: &QMatrix,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    check_x("matmul input x", x, m, w.rows)?;
-    check_len("matmul output", out.len(), mul("matmul output", m, w.cols)?)?;
-    if m == 0 || w.cols == 0 {
+    // (what x is called, what out is called, reduction length, output width)
+    let (what_x, what_out, depth, width) = match product {
+        Product::XWt => ("matmul_t input x", "matmul_t output", w.cols, w.rows),
+        Product::XW => ("matmul input x", "matmul output", w.rows, w.cols),
+    };
+    check_x(what_x, x, m, depth)?;
+    check_len(what_out, out.len(), mul(what_out, m, width)?)?;
+    if m == 0 || width == 0 {
         return Ok(());
     }
-    if w.rows == 0 {
+    if depth == 0 {
         out.fill(0.0);
         return Ok(());
     }
-    Plan::for_weights(Product::XW, w.spec, kernels).run(x, m, w, out, true);
+    Plan::for_weights(product, w.spec, kernels).run(x, m, w, out, true);
     Ok(())
-}
-
-/// Dequantizes columns `c0..c1` (group-aligned) of row `r` of `w` into `out`.
-pub(crate) fn dequant_part(
-    k: impl Kernel,
-    w: &QMatrix,
-    r: usize,
-    (c0, c1): (usize, usize),
-    out: &mut [f32],
-) {
-    let (g, bits) = (w.spec.group_size, w.spec.bits as usize);
-    let (s, b) = w.row_params(r);
-    let words = w.row_words(r);
-    k.dequant_row(
-        &words[c0 * bits / 32..c1 * bits / 32],
-        &s[c0 / g..c1 / g],
-        &b[c0 / g..c1 / g],
-        w.spec,
-        out,
-    );
 }
 
 /// Plain f32 GEMM via the `gemm` crate: `out [m, n] = a [m, k] @ B`, where `B` is `b [k, n]`,

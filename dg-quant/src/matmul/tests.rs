@@ -15,9 +15,9 @@ fn random_q(rng: &mut impl Rng, rows: usize, cols: usize, spec: QuantSpec) -> Qu
 /// MLX's own formula (sequential f32 sum of x * dequantized w) and the error bound of
 /// tests/goldens.rs for one output.
 fn reference_t(x: &[f32], w: &QMatrix, r: usize) -> (f32, f32) {
-    let (s, b) = w.row_params(r);
-    let words = w.row_words(r);
-    let want = dot_row_mlx(x, words, s, b, w.spec);
+    let row = w.row(r);
+    let (words, s, b) = (row.words, row.scales, row.biases);
+    let want = dot_row_mlx(x, row);
     let g = w.spec.group_size;
     let mag: f64 = x
         .iter()
@@ -61,7 +61,7 @@ fn matmul_t_every_path_matches_the_mlx_formula() {
             let outs = every_kernel(|k| {
                 let mut out = vec![0.0f32; m * rows];
                 pool(2)
-                    .install(|| matmul_t_on(k, &x, m, &w, &mut out))
+                    .install(|| product_on(Product::XWt, k, &x, m, &w, &mut out))
                     .unwrap();
                 out
             });
@@ -98,7 +98,7 @@ fn matmul_every_path_matches_the_mlx_formula() {
             let outs = every_kernel(|k| {
                 let mut out = vec![0.0f32; m * cols];
                 pool(2)
-                    .install(|| matmul_on(k, &x, m, &w, &mut out))
+                    .install(|| product_on(Product::XW, k, &x, m, &w, &mut out))
                     .unwrap();
                 out
             });
@@ -381,9 +381,9 @@ fn results_do_not_depend_on_the_thread_count() {
         let run = |kern: Kernels, threads: usize| {
             pool(threads).install(|| {
                 let mut a = vec![0.0f32; m * rows];
-                matmul_t_on(kern, &x, m, &w, &mut a).unwrap();
+                product_on(Product::XWt, kern, &x, m, &w, &mut a).unwrap();
                 let mut b = vec![0.0f32; m * cols];
-                matmul_on(kern, &xn, m, &w, &mut b).unwrap();
+                product_on(Product::XW, kern, &xn, m, &w, &mut b).unwrap();
                 let mut c = vec![0.0f32; pairs.len() * (rows / 4)];
                 gather_matmul_t_on(kern, &x, m, &e, &pairs, &mut c).unwrap();
                 let mut d = vec![0.0f32; m * rows];
@@ -423,17 +423,17 @@ fn each_row_is_computed_as_it_is_alone() {
         {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let mut all = vec![0.0f32; m * rows];
-            matmul_t_on(kern, &x, m, &w, &mut all).unwrap();
+            product_on(Product::XWt, kern, &x, m, &w, &mut all).unwrap();
             let pairs: Vec<(usize, usize)> = (0..m).map(|i| (i, i % 2)).collect();
             let mut gathered = vec![0.0f32; m * (rows / 4)];
             gather_matmul_t_on(kern, &x, m, &e, &pairs, &mut gathered).unwrap();
             let xn: Vec<f32> = (0..m * 40000).map(|_| rng.gen_range(0.0..1e-4)).collect();
             let mut xw = vec![0.0f32; m * 64];
-            matmul_on(kern, &xn, m, &wide, &mut xw).unwrap();
+            product_on(Product::XW, kern, &xn, m, &wide, &mut xw).unwrap();
             for i in 0..m {
                 let xi = &x[i * cols..(i + 1) * cols];
                 let mut one = vec![0.0f32; rows];
-                matmul_t_on(kern, xi, 1, &w, &mut one).unwrap();
+                product_on(Product::XWt, kern, xi, 1, &w, &mut one).unwrap();
                 assert!(
                     one == all[i * rows..(i + 1) * rows],
                     "{kern}: x @ W^T, {bits} bits, row {i} of {m}"
@@ -446,7 +446,15 @@ fn each_row_is_computed_as_it_is_alone() {
                     "{kern}: experts, {bits} bits, row {i} of {m}"
                 );
                 let mut o = vec![0.0f32; 64];
-                matmul_on(kern, &xn[i * 40000..(i + 1) * 40000], 1, &wide, &mut o).unwrap();
+                product_on(
+                    Product::XW,
+                    kern,
+                    &xn[i * 40000..(i + 1) * 40000],
+                    1,
+                    &wide,
+                    &mut o,
+                )
+                .unwrap();
                 assert!(
                     o == xw[i * 64..(i + 1) * 64],
                     "{kern}: x @ W, {bits} bits, row {i} of {m}"

@@ -31,8 +31,7 @@ pub(super) fn matmul_t(
         // (chunk-wide pieces of strided rows would be latency-bound).
         with_buffer(nr * k, |wbuf| {
             for (r, row) in (r0..r0 + nr).zip(wbuf.chunks_exact_mut(k)) {
-                let (s, b) = w.row_params(r);
-                kern.dequant_row(w.row_words(r), s, b, w.spec, row);
+                kern.dequant_row(w.row(r), row);
             }
             with_buffer(nr * m8, |ct| {
                 // While this panel computes, pull the next one toward the cache, a slice per

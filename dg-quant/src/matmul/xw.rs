@@ -6,7 +6,6 @@
 
 use rayon::prelude::*;
 
-use super::dequant_part;
 use crate::kernels::gemm::column_panels;
 use crate::kernels::{Kernel, View, ViewMut};
 use crate::scratch::with_buffer;
@@ -132,7 +131,7 @@ fn accumulate(
         "x @ W: {width} columns are not whole strips"
     );
     for (j, r) in (r0..r1).enumerate() {
-        dequant_part(kern, w, r, (c0, c1), tmp);
+        kern.dequant_row(w.row(r).part(c0, c1), tmp);
         for (b, piece) in tmp.chunks_exact(S).enumerate() {
             let at = b * kc * S + j * S;
             buf[at..at + S].copy_from_slice(piece);
