@@ -1,5 +1,6 @@
-//! The probe in AVX2 and AVX-512 registers. A [`Probe`] exists only where the CPU has its
-//! features, so running it is safe.
+//! The probe in AVX2 and AVX-512 registers. A [`Probe`] is only made (by
+//! [`Probe::available`]; this module is private) where the CPU has its features, so running it
+//! is safe.
 
 use std::arch::x86_64::*;
 
@@ -9,9 +10,9 @@ use super::{C, CHAINS, M};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Probe {
     /// 8 lanes (AVX2 + FMA).
-    Avx2(()),
+    Avx2,
     /// 16 lanes (AVX-512F).
-    Avx512(()),
+    Avx512,
 }
 
 impl Probe {
@@ -24,9 +25,9 @@ impl Probe {
         {
             return all;
         }
-        all.push(Probe::Avx2(()));
+        all.push(Probe::Avx2);
         if !set("DG_QUANT_FORCE_AVX2") && is_x86_feature_detected!("avx512f") {
-            all.push(Probe::Avx512(()));
+            all.push(Probe::Avx512);
         }
         all
     }
@@ -39,8 +40,8 @@ impl Probe {
     /// f32 lanes per vector.
     pub fn lanes(self) -> usize {
         match self {
-            Probe::Avx2(()) => 8,
-            Probe::Avx512(()) => 16,
+            Probe::Avx2 => 8,
+            Probe::Avx512 => 16,
         }
     }
 
@@ -48,9 +49,9 @@ impl Probe {
     pub fn run(self, rounds: usize) -> f32 {
         match self {
             // SAFETY: a `Probe::Avx2` is only made where AVX2 and FMA were detected.
-            Probe::Avx2(()) => unsafe { avx2(rounds) },
+            Probe::Avx2 => unsafe { avx2(rounds) },
             // SAFETY: a `Probe::Avx512` is only made where AVX-512F was detected.
-            Probe::Avx512(()) => unsafe { avx512(rounds) },
+            Probe::Avx512 => unsafe { avx512(rounds) },
         }
     }
 }
