@@ -161,17 +161,33 @@ pub fn sample_canvas(
     temperature: f64,
     rng: &mut Rng,
 ) -> Result<Vec<i32>> {
+    if temperature <= 0.0 {
+        return argmax_canvas(logits, vocab);
+    }
+    let mut scratch = alloc::zeroed(logits.len(), "tempered logits [canvas, vocab]")?;
+    sample_canvas_with(logits, vocab, temperature, rng, &mut scratch)
+}
+
+/// [`sample_canvas`] with a caller's scratch buffer as long as `logits` (its values are
+/// overwritten): `logits / temperature` and the Gumbel noise are computed there, so a step
+/// allocates nothing of the size of its logits.
+pub fn sample_canvas_with(
+    logits: &[f32],
+    vocab: usize,
+    temperature: f64,
+    rng: &mut Rng,
+    scratch: &mut [f32],
+) -> Result<Vec<i32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     if temperature <= 0.0 {
         return argmax_canvas(logits, vocab);
     }
-    let sampled = if temperature != 1.0 {
-        let mut scaled = alloc::copied(logits, "tempered logits [canvas, vocab]")?;
-        apply_temperature(&mut scaled, temperature);
-        rng.categorical(&scaled, &[rows, vocab])?
-    } else {
-        rng.categorical(logits, &[rows, vocab])?
-    };
+    same_len(scratch.len(), logits.len(), "scratch")?;
+    scratch.copy_from_slice(logits);
+    if temperature != 1.0 {
+        apply_temperature(scratch, temperature);
+    }
+    let sampled = rng.categorical_in_place(scratch, &[rows, vocab])?;
     Ok(sampled.into_iter().map(|t| t as i32).collect())
 }
 
@@ -250,8 +266,16 @@ pub fn token_entropy(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 /// kernel computes exactly the eager values): `(entropy, probs)`, `probs = exp(logits -
 /// logsumexp)` (`[rows, vocab]`), the entropy-bound sampler's soft-embedding weights.
 pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    let rows = rows_of(logits, vocab, "logits")?;
     let mut probs = alloc::zeroed(logits.len(), "probabilities [canvas, vocab]")?;
+    let entropy = entropy_and_probs_into(logits, vocab, &mut probs)?;
+    Ok((entropy, probs))
+}
+
+/// [`entropy_and_probs`] writing the probabilities into `probs` (as long as `logits`);
+/// returns the entropies.
+pub fn entropy_and_probs_into(logits: &[f32], vocab: usize, probs: &mut [f32]) -> Result<Vec<f32>> {
+    let rows = rows_of(logits, vocab, "logits")?;
+    same_len(probs.len(), logits.len(), "probs")?;
     let mut entropy = Vec::with_capacity(rows);
     for (row, out) in logits
         .chunks_exact(vocab)
@@ -259,22 +283,30 @@ pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<
     {
         entropy.push(entropy_row(row, Some(out)));
     }
-    Ok((entropy, probs))
+    Ok(entropy)
 }
 
 /// `mx.softmax(logits, axis=-1, precise=True)` (`_diffusion_soft_embeddings`, diffusion.py
 /// 289-298), the confidence sampler's soft-embedding weights: `exp(x - max) * (1 / sum)`.
-/// Differs from [`entropy_and_probs`]'s probabilities in the last bits.
+/// Differs from [`entropy_and_probs`]'s probabilities in the last bits. The decoder's
+/// `SelfConditioning::Logits` runs the same softmax (`dg_quant::mlx::softmax`).
 pub fn softmax_precise(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
-    rows_of(logits, vocab, "logits")?;
     let mut probs = alloc::zeroed(logits.len(), "probabilities [canvas, vocab]")?;
+    softmax_precise_into(logits, vocab, &mut probs)?;
+    Ok(probs)
+}
+
+/// [`softmax_precise`] into `probs` (as long as `logits`).
+pub fn softmax_precise_into(logits: &[f32], vocab: usize, probs: &mut [f32]) -> Result<()> {
+    rows_of(logits, vocab, "logits")?;
+    same_len(probs.len(), logits.len(), "probs")?;
     for (row, out) in logits
         .chunks_exact(vocab)
         .zip(probs.chunks_exact_mut(vocab))
     {
-        mlx_math::softmax(row, out);
+        dg_quant::mlx::softmax(row, out);
     }
-    Ok(probs)
+    Ok(())
 }
 
 /// `_diffusion_confidence_transfer_mask` (diffusion.py 301-320), per canvas row:

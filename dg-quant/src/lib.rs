@@ -6,7 +6,8 @@
 //! - [`matmul_t`], [`matmul`], [`gather_matmul_t`], [`matmul_f32`]: products in f32
 //!   (`matmul.rs`), parallel on the current rayon pool ([`pool::build`]), with results that
 //!   do not depend on the thread count.
-//! - [`ops`]: small f32 operations shared by the models.
+//! - [`ops`]: small f32 operations shared by the models; [`mlx`]: MLX's CPU `exp` and softmax,
+//!   bit for bit (the sampler's and the self-conditioning's one softmax).
 //! - [`peak`]: the FMA-throughput yardstick the benches divide by.
 //!
 //! SIMD lives in `kernels/` only (runtime-detected AVX2 + FMA on x86-64; AVX-512 where present
@@ -24,6 +25,7 @@ mod error;
 mod format;
 mod kernels;
 mod matmul;
+pub mod mlx;
 pub mod ops;
 pub mod peak;
 pub mod pool;
