@@ -218,7 +218,7 @@ impl Sequence {
             block: self.block,
             step: state.step_number(),
             total_steps: state.params().steps,
-            canvas: state.draft().iter().map(|&t| t as u32).collect(),
+            canvas: state.draft().to_vec(),
             revealed: state.revealed().to_vec(),
         };
         self.emit(on_event, event);
@@ -484,13 +484,11 @@ fn denoise_round(
     if active.is_empty() {
         return Ok(());
     }
-    let canvases: Vec<Vec<u32>> = active.iter().map(|&i| state(&seqs[i]).canvas()).collect();
     let inputs: Vec<DecoderInput<'_>> = active
         .iter()
-        .zip(&canvases)
-        .map(|(&i, canvas)| DecoderInput {
+        .map(|&i| DecoderInput {
             cache: &seqs[i].cache,
-            canvas,
+            canvas: state(&seqs[i]).canvas(),
             self_conditioning: state(&seqs[i]).self_conditioning(),
         })
         .collect();

@@ -59,21 +59,17 @@ pub(crate) struct BlockState {
     vocab: usize,
     /// Steps left, counting down to 1 like the reference's `cur_step`.
     cur_step: usize,
-    current: Vec<i32>,
+    current: Vec<u32>,
     revealed: Vec<bool>,
-    draft: Vec<i32>,
-    argmax: Vec<i32>,
+    draft: Vec<u32>,
+    argmax: Vec<u32>,
     self_conditioning: Option<Vec<f32>>,
     stability: Option<StabilityStop>,
     steps_taken: usize,
 }
 
-fn to_ids(canvas: &[i32]) -> Vec<u32> {
-    canvas.iter().map(|&t| t as u32).collect()
-}
-
-fn noise(rng: &mut Rng, vocab: usize, len: usize) -> Result<Vec<i32>> {
-    rng.randint(0, vocab as i32, &[1, len])
+fn noise(rng: &mut Rng, vocab: usize, len: usize) -> Result<Vec<u32>> {
+    rng.token_ids(vocab, len)
 }
 
 impl BlockState {
@@ -95,8 +91,8 @@ impl BlockState {
     }
 
     /// The canvas ids of the next decoder pass.
-    pub fn canvas(&self) -> Vec<u32> {
-        to_ids(&self.current)
+    pub fn canvas(&self) -> &[u32] {
+        &self.current
     }
 
     /// The self-conditioning input of the next decoder pass.
@@ -108,7 +104,7 @@ impl BlockState {
     }
 
     /// Current draft tokens (what a streamed view shows).
-    pub fn draft(&self) -> &[i32] {
+    pub fn draft(&self) -> &[u32] {
         &self.draft
     }
 
@@ -140,7 +136,7 @@ impl BlockState {
             false => Vec::new(),
         };
         Ok(BlockResult {
-            tokens: to_ids(&self.argmax),
+            tokens: self.argmax.clone(),
             steps: self.steps_taken,
             logprobs,
         })

@@ -345,6 +345,20 @@ impl Rng {
         randint_with_key(k, low, high, shape)
     }
 
+    /// `len` token ids `randint(0, vocab, (1, len))`, as u32 (the draw is within
+    /// `[0, vocab)`, so the conversion is exact; it happens here, once, not per use).
+    pub fn token_ids(&mut self, vocab: usize, len: usize) -> Result<Vec<u32>> {
+        let high = i32::try_from(vocab).map_err(|_| EngineError::InvalidArgument {
+            name: "vocab",
+            reason: format!("{vocab} does not fit an int32 randint"),
+        })?;
+        Ok(self
+            .randint(0, high, &[1, len])?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect())
+    }
+
     /// `mx.random.gumbel(shape)` (f32).
     pub fn gumbel(&mut self, shape: &[usize]) -> Result<Vec<f32>> {
         let k = self.next_key();

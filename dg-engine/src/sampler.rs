@@ -141,11 +141,11 @@ pub fn apply_temperature(logits: &mut [f32], temperature: f64) {
 }
 
 /// `mx.argmax(logits, axis=-1).astype(int32)` (diffusion.py 837): first maximal index per row.
-pub fn argmax_canvas(logits: &[f32], vocab: usize) -> Result<Vec<i32>> {
+pub fn argmax_canvas(logits: &[f32], vocab: usize) -> Result<Vec<u32>> {
     rows_of(logits, vocab, "logits")?;
     Ok(logits
         .chunks_exact(vocab)
-        .map(|row| mlx_math::argmax(row) as i32)
+        .map(|row| mlx_math::argmax(row) as u32)
         .collect())
 }
 
@@ -160,7 +160,7 @@ pub fn sample_canvas(
     vocab: usize,
     temperature: f64,
     rng: &mut Rng,
-) -> Result<Vec<i32>> {
+) -> Result<Vec<u32>> {
     if temperature <= 0.0 {
         return argmax_canvas(logits, vocab);
     }
@@ -177,7 +177,7 @@ pub fn sample_canvas_with(
     temperature: f64,
     rng: &mut Rng,
     scratch: &mut [f32],
-) -> Result<Vec<i32>> {
+) -> Result<Vec<u32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     if temperature <= 0.0 {
         return argmax_canvas(logits, vocab);
@@ -187,8 +187,7 @@ pub fn sample_canvas_with(
     if temperature != 1.0 {
         apply_temperature(scratch, temperature);
     }
-    let sampled = rng.categorical_in_place(scratch, &[rows, vocab])?;
-    Ok(sampled.into_iter().map(|t| t as i32).collect())
+    rng.categorical_in_place(scratch, &[rows, vocab])
 }
 
 /// `mx.logsumexp(logits, axis=-1)` per row.
@@ -202,7 +201,7 @@ pub fn logsumexp_rows(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 
 /// Per row, `logits[token] - logsumexp(logits)`: the log-probability of `tokens` (dg's own,
 /// for reporting; the reference reports none).
-pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
+pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Vec<f32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     same_len(tokens.len(), rows, "tokens")?;
     logits
@@ -223,7 +222,7 @@ pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Ve
 
 /// `_diffusion_token_probability` (diffusion.py 233-243): per row,
 /// `exp(logits[token] - logsumexp(logits))` with MLX's exp: the confidence of `tokens`.
-pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
+pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Vec<f32>> {
     let logprobs = token_logprobs(logits, vocab, tokens)?;
     Ok(logprobs.into_iter().map(mlx_math::exp).collect())
 }
@@ -397,15 +396,15 @@ pub fn entropy_transfer_mask(entropy: &[f32], canvas_len: usize, bound: f64) -> 
 /// `(accepted, next_current)`.
 pub fn entropy_bound_update(
     accept: &[bool],
-    denoiser: &[i32],
-    current: &[i32],
-    noise: &[i32],
-) -> Result<(Vec<i32>, Vec<i32>)> {
+    denoiser: &[u32],
+    current: &[u32],
+    noise: &[u32],
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let n = accept.len();
     same_len(denoiser.len(), n, "denoiser")?;
     same_len(current.len(), n, "current")?;
     same_len(noise.len(), n, "noise")?;
-    let accepted: Vec<i32> = (0..n)
+    let accepted: Vec<u32> = (0..n)
         .map(|i| if accept[i] { denoiser[i] } else { current[i] })
         .collect();
     let next = (0..n)
@@ -421,17 +420,17 @@ pub fn entropy_bound_update(
 /// `draft = where(accept, accepted, draft)`. Returns `(accepted, next_current)`.
 pub fn confidence_update(
     accept: &[bool],
-    denoiser: &[i32],
-    noise: &[i32],
+    denoiser: &[u32],
+    noise: &[u32],
     revealed: &mut [bool],
-    draft: &mut [i32],
-) -> Result<(Vec<i32>, Vec<i32>)> {
+    draft: &mut [u32],
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let n = accept.len();
     same_len(denoiser.len(), n, "denoiser")?;
     same_len(noise.len(), n, "noise")?;
     same_len(revealed.len(), n, "revealed")?;
     same_len(draft.len(), n, "draft")?;
-    let accepted: Vec<i32> = (0..n)
+    let accepted: Vec<u32> = (0..n)
         .map(|i| if accept[i] { denoiser[i] } else { draft[i] })
         .collect();
     let next = (0..n)
@@ -462,7 +461,7 @@ pub fn confidence_update(
 pub struct StabilityStop {
     stability_threshold: usize,
     confidence_threshold: f64,
-    history: VecDeque<Vec<i32>>,
+    history: VecDeque<Vec<u32>>,
 }
 
 impl StabilityStop {
@@ -491,7 +490,7 @@ impl StabilityStop {
     /// (mean = f32 sum times f32(1 / count)).
     ///
     /// Quirk kept: with `stability_threshold == 0` every step counts as stable.
-    pub fn check(&mut self, argmax: &[i32], logits: &[f32], vocab: usize) -> Result<bool> {
+    pub fn check(&mut self, argmax: &[u32], logits: &[f32], vocab: usize) -> Result<bool> {
         let rows = rows_of(logits, vocab, "logits")?;
         same_len(argmax.len(), rows, "argmax")?;
         if let Some(h) = self.history.front() {
