@@ -9,10 +9,11 @@
 //! ([`Batch::admit`]) and leave ([`Batch::take_finished`]) between any two rounds: a single
 //! `generate` and a fixed batch are runs of one [`Batch`], and the scheduler keeps one alive.
 
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::time::Instant;
 
 use dg_core::{DecoderInput, EncoderInput, KvCache, TextModel};
+use dg_quant::alloc;
 use dg_tokenize::StreamDetokenizer;
 
 use crate::canvas::{BlockParams, BlockResult, BlockSampler, BlockState, Step};
@@ -217,7 +218,7 @@ impl Sequence {
             block: self.block,
             step: state.step_number(),
             total_steps: state.params().steps,
-            canvas: state.draft().iter().map(|&t| t as u32).collect(),
+            canvas: state.draft().to_vec(),
             revealed: state.revealed().to_vec(),
         };
         self.emit(on_event, event);
@@ -311,6 +312,18 @@ impl Sequence {
 #[derive(Default)]
 pub(crate) struct Batch {
     seqs: Vec<Sequence>,
+    buffers: RoundBuffers,
+}
+
+/// The packed `[rows, vocab]` buffers of a denoising round, kept from round to round (each
+/// only grows) and freed when the batch empties.
+#[derive(Default)]
+struct RoundBuffers {
+    /// Every denoising sequence's logits, in the decoder's row order; tempered in place.
+    logits: Vec<f32>,
+    /// The samplers' scratch, then the self-conditioning probabilities of the sequences that
+    /// go on (moved to the front for one soft-embedding product).
+    probs: Vec<f32>,
 }
 
 impl Batch {
@@ -377,7 +390,7 @@ impl Batch {
         pool: &rayon::ThreadPool,
         on_event: &mut OnEvent<'_>,
     ) -> Result<()> {
-        denoise_round(model, pool, &mut self.seqs, on_event)?;
+        denoise_round(model, pool, &mut self.seqs, &mut self.buffers, on_event)?;
         commit_round(model, pool, &mut self.seqs)
     }
 
@@ -390,6 +403,10 @@ impl Batch {
             .into_iter()
             .partition(|s| matches!(s.phase, Phase::Done));
         self.seqs = running;
+        if self.seqs.is_empty() {
+            // An idle scheduler holds no round buffers.
+            self.buffers = RoundBuffers::default();
+        }
         done.into_iter()
             .map(|s| (s.key, s.into_generation(on_event)))
             .collect()
@@ -451,12 +468,14 @@ fn prefill(model: &TextModel, prompts: &[&PreparedPrompt], seqs: &mut [Sequence]
     Ok(())
 }
 
-/// One denoising step of every denoising sequence: one batched decoder pass, the samplers,
-/// then one batched self-conditioning product for the blocks that go on.
+/// One denoising step of every denoising sequence: one batched decoder pass into the packed
+/// logits, the samplers on each sequence's rows, then one batched self-conditioning product
+/// for the blocks that go on.
 fn denoise_round(
     model: &TextModel,
     pool: &rayon::ThreadPool,
     seqs: &mut [Sequence],
+    buffers: &mut RoundBuffers,
     on_event: &mut OnEvent<'_>,
 ) -> Result<()> {
     let active: Vec<usize> = (0..seqs.len())
@@ -465,25 +484,41 @@ fn denoise_round(
     if active.is_empty() {
         return Ok(());
     }
-    let canvases: Vec<Vec<u32>> = active.iter().map(|&i| state(&seqs[i]).canvas()).collect();
     let inputs: Vec<DecoderInput<'_>> = active
         .iter()
-        .zip(&canvases)
-        .map(|(&i, canvas)| DecoderInput {
+        .map(|&i| DecoderInput {
             cache: &seqs[i].cache,
-            canvas,
+            canvas: state(&seqs[i]).canvas(),
             self_conditioning: state(&seqs[i]).self_conditioning(),
         })
         .collect();
-    let logits = pool.install(|| model.decode_batch(&inputs))?;
+    let logits = &mut buffers.logits;
+    let segments = pool.install(|| model.decode_batch_into(&inputs, logits))?;
+    drop(inputs);
+    let vocab = model.vocab_size();
+    let probs = &mut buffers.probs;
+    if probs.len() < logits.len() {
+        alloc::reserve(
+            probs,
+            logits.len() - probs.len(),
+            "probabilities [canvas, vocab]",
+        )?;
+    }
+    probs.resize(logits.len(), 0.0);
 
-    let mut continuing: Vec<(usize, Vec<f32>)> = Vec::new();
-    for (&i, logits) in active.iter().zip(logits) {
+    let mut continuing: Vec<(usize, Range<usize>)> = Vec::new();
+    for (&i, span) in active.iter().zip(segments.spans()) {
         let seq = &mut seqs[i];
         let Phase::Denoising(state) = &mut seq.phase else {
             unreachable!("active sequences are denoising")
         };
-        match state.step(logits, &mut seq.rng)? {
+        let values = span.start * vocab..span.end * vocab;
+        let step = state.step(
+            &mut logits[values.clone()],
+            &mut probs[values.clone()],
+            &mut seq.rng,
+        )?;
+        match step {
             Step::Last(result) => seq.finish_block(result, on_event)?,
             Step::Stopped(result) => {
                 seq.emit_draft(on_event);
@@ -493,12 +528,12 @@ fn denoise_round(
                     seq.finish_block(result, on_event)?;
                 }
             }
-            Step::Continue(probs) => {
+            Step::Continue => {
                 seq.emit_draft(on_event);
                 if seq.cancelled {
                     seq.end();
                 } else {
-                    continuing.push((i, probs));
+                    continuing.push((i, values));
                 }
             }
         }
@@ -506,12 +541,21 @@ fn denoise_round(
     if continuing.is_empty() {
         return Ok(());
     }
-    let (vocab, hidden) = (model.vocab_size(), model.hidden_size());
-    let probs: Vec<f32> = continuing.iter().flat_map(|(_, p)| p).copied().collect();
-    let embeddings = pool.install(|| model.soft_embeddings(&probs, probs.len() / vocab))?;
+    // The probabilities of the sequences that go on, packed at the front in order (they only
+    // move when a sequence before them stopped this round).
+    let mut packed = 0;
+    for (_, values) in &continuing {
+        if values.start != packed {
+            probs.copy_within(values.clone(), packed);
+        }
+        packed += values.len();
+    }
+    let hidden = model.hidden_size();
+    let probs = &probs[..packed];
+    let embeddings = pool.install(|| model.soft_embeddings(probs, packed / vocab))?;
     let mut at = 0;
-    for (i, p) in continuing {
-        let n = p.len() / vocab * hidden;
+    for (i, values) in continuing {
+        let n = values.len() / vocab * hidden;
         if let Phase::Denoising(state) = &mut seqs[i].phase {
             state.set_self_conditioning(embeddings[at..at + n].to_vec());
         }

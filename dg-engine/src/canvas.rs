@@ -45,9 +45,10 @@ pub(crate) enum Step {
     /// A draft to show ([`BlockState::draft`], [`BlockState::revealed`]), then the block ends
     /// (every position revealed, or the stable-and-confident stop).
     Stopped(BlockResult),
-    /// A draft to show; the block goes on once it has the soft embeddings of these
-    /// probabilities `[len, vocab]` ([`BlockState::set_self_conditioning`]).
-    Continue(Vec<f32>),
+    /// A draft to show; the block goes on once it has the soft embeddings of the
+    /// probabilities `[len, vocab]` the step wrote into its `probs`
+    /// ([`BlockState::set_self_conditioning`]).
+    Continue,
 }
 
 /// One block's denoising loop as a state machine, so that the decoder passes of several
@@ -58,21 +59,17 @@ pub(crate) struct BlockState {
     vocab: usize,
     /// Steps left, counting down to 1 like the reference's `cur_step`.
     cur_step: usize,
-    current: Vec<i32>,
+    current: Vec<u32>,
     revealed: Vec<bool>,
-    draft: Vec<i32>,
-    argmax: Vec<i32>,
+    draft: Vec<u32>,
+    argmax: Vec<u32>,
     self_conditioning: Option<Vec<f32>>,
     stability: Option<StabilityStop>,
     steps_taken: usize,
 }
 
-fn to_ids(canvas: &[i32]) -> Vec<u32> {
-    canvas.iter().map(|&t| t as u32).collect()
-}
-
-fn noise(rng: &mut Rng, vocab: usize, len: usize) -> Result<Vec<i32>> {
-    rng.randint(0, vocab as i32, &[1, len])
+fn noise(rng: &mut Rng, vocab: usize, len: usize) -> Result<Vec<u32>> {
+    rng.token_ids(vocab, len)
 }
 
 impl BlockState {
@@ -94,8 +91,8 @@ impl BlockState {
     }
 
     /// The canvas ids of the next decoder pass.
-    pub fn canvas(&self) -> Vec<u32> {
-        to_ids(&self.current)
+    pub fn canvas(&self) -> &[u32] {
+        &self.current
     }
 
     /// The self-conditioning input of the next decoder pass.
@@ -107,7 +104,7 @@ impl BlockState {
     }
 
     /// Current draft tokens (what a streamed view shows).
-    pub fn draft(&self) -> &[i32] {
+    pub fn draft(&self) -> &[u32] {
         &self.draft
     }
 
@@ -127,7 +124,7 @@ impl BlockState {
     }
 
     /// Sets the soft embeddings `[len, hidden]` of the probabilities the last
-    /// [`Step::Continue`] carried.
+    /// [`Step::Continue`] left.
     pub fn set_self_conditioning(&mut self, embeddings: Vec<f32>) {
         self.self_conditioning = Some(embeddings);
     }
@@ -139,34 +136,37 @@ impl BlockState {
             false => Vec::new(),
         };
         Ok(BlockResult {
-            tokens: to_ids(&self.argmax),
+            tokens: self.argmax.clone(),
             steps: self.steps_taken,
             logprobs,
         })
     }
 
-    /// Consumes the logits of one decoder pass over [`BlockState::canvas`]: tempered logits,
-    /// argmax, candidate canvas, accept mask, re-noise, stop checks.
-    pub fn step(&mut self, mut logits: Vec<f32>, rng: &mut Rng) -> Result<Step> {
+    /// Consumes the logits `[len, vocab]` of one decoder pass over [`BlockState::canvas`]
+    /// (tempered in place): argmax, candidate canvas, accept mask, re-noise, stop checks. `probs`
+    /// (as long as `logits`) is the step's scratch and, on [`Step::Continue`], holds the
+    /// probabilities for the next step's self-conditioning.
+    pub fn step(&mut self, logits: &mut [f32], probs: &mut [f32], rng: &mut Rng) -> Result<Step> {
         let (p, vocab, len) = (&self.params, self.vocab, self.params.len);
         let cur_step = self.cur_step;
         self.steps_taken += 1;
         let t = sampler::linear_temperature(cur_step, p.steps, p.t_min, p.t_max)?;
-        sampler::apply_temperature(&mut logits, t);
-        self.argmax = sampler::argmax_canvas(&logits, vocab)?;
+        sampler::apply_temperature(logits, t);
+        let logits = &*logits;
+        self.argmax = sampler::argmax_canvas(logits, vocab)?;
         if cur_step == 1 {
-            return Ok(Step::Last(self.result(&logits)?));
+            return Ok(Step::Last(self.result(logits)?));
         }
         self.cur_step -= 1;
         let denoiser = if p.temperature <= 0.0 {
             self.argmax.clone()
         } else {
-            sampler::sample_canvas(&logits, vocab, p.temperature, rng)?
+            sampler::sample_canvas_with(logits, vocab, p.temperature, rng, probs)?
         };
 
-        let probs = match p.sampler {
+        let has_probs = match p.sampler {
             BlockSampler::Entropy { bound } => {
-                let (entropy, probs) = sampler::entropy_and_probs(&logits, vocab)?;
+                let entropy = sampler::entropy_and_probs_into(logits, vocab, probs)?;
                 let accept = sampler::entropy_transfer_mask(&entropy, len, bound)?;
                 let fresh = noise(rng, vocab, len)?;
                 let (_, next) =
@@ -174,10 +174,10 @@ impl BlockState {
                 self.current = next;
                 self.revealed = accept;
                 self.draft = self.argmax.clone();
-                Some(probs)
+                true
             }
             BlockSampler::Confidence { threshold } => {
-                let confidence = sampler::token_probability(&logits, vocab, &denoiser)?;
+                let confidence = sampler::token_probability(logits, vocab, &denoiser)?;
                 let unrevealed: Vec<bool> = self.revealed.iter().map(|r| !r).collect();
                 let accept = sampler::confidence_transfer_mask(
                     &confidence,
@@ -195,22 +195,21 @@ impl BlockState {
                     &mut self.draft,
                 )?;
                 self.current = next;
-                None
+                false
             }
         };
 
-        if probs.is_none() && self.revealed.iter().all(|&r| r) {
-            return Ok(Step::Stopped(self.result(&logits)?));
+        if !has_probs && self.revealed.iter().all(|&r| r) {
+            return Ok(Step::Stopped(self.result(logits)?));
         }
         if let Some(stop) = self.stability.as_mut() {
-            if stop.check(&self.argmax, &logits, vocab)? {
-                return Ok(Step::Stopped(self.result(&logits)?));
+            if stop.check(&self.argmax, logits, vocab)? {
+                return Ok(Step::Stopped(self.result(logits)?));
             }
         }
-        let probs = match probs {
-            Some(probs) => probs,
-            None => sampler::softmax_precise(&logits, vocab)?,
-        };
-        Ok(Step::Continue(probs))
+        if !has_probs {
+            sampler::softmax_precise_into(logits, vocab, probs)?;
+        }
+        Ok(Step::Continue)
     }
 }

@@ -71,17 +71,21 @@ pub fn threefry2x32(key: Key, count: [u32; 2]) -> [u32; 2] {
 /// Fills `out` as `mx.random.bits(shape, key=key)` does for `prod(shape) == out.len()` words
 /// (width 4), in MLX's counter layout (see the module docs).
 pub fn fill_bits(key: Key, out: &mut [u32]) {
-    let n = out.len();
+    for_each_bits(key, out.len(), |i, word| out[i] = word);
+}
+
+/// Calls `f(index, word)` for each of the `n` words [`fill_bits`] would write.
+fn for_each_bits(key: Key, n: usize, mut f: impl FnMut(usize, u32)) {
     let half = n / 2;
     let odd = n % 2;
     for i in 0..half {
         let second = half + odd + i;
         let [a, b] = threefry2x32(key, [i as u32, second as u32]);
-        out[i] = a;
-        out[second] = b;
+        f(i, a);
+        f(second, b);
     }
     if odd == 1 {
-        out[half] = threefry2x32(key, [half as u32, 0])[0];
+        f(half, threefry2x32(key, [half as u32, 0])[0]);
     }
 }
 
@@ -181,6 +185,17 @@ pub fn gumbel_with_key(key: Key, shape: &[usize]) -> Result<Vec<f32>> {
 /// Follows MLX's two paths (see the module docs): inverse CDF when there is exactly one row
 /// and `shape` has 2 or more dimensions, Gumbel-max otherwise.
 pub fn categorical_with_key(key: Key, logits: &[f32], shape: &[usize]) -> Result<Vec<u32>> {
+    let mut noisy = dg_quant::alloc::copied(logits, "categorical logits")?;
+    categorical_in_place_with_key(key, &mut noisy, shape)
+}
+
+/// [`categorical_with_key`] that adds the Gumbel noise into `logits` (overwritten) instead of
+/// a new array: the same values (`gumbel + logit` per element), no allocation of their size.
+pub fn categorical_in_place_with_key(
+    key: Key,
+    logits: &mut [f32],
+    shape: &[usize],
+) -> Result<Vec<u32>> {
     let (&vocab, batch) = shape.split_last().ok_or_else(|| EngineError::Shape {
         name: "shape",
         reason: "categorical needs logits with at least one dimension".into(),
@@ -201,14 +216,14 @@ pub fn categorical_with_key(key: Key, logits: &[f32], shape: &[usize]) -> Result
     if n == vocab && !batch.is_empty() {
         return Ok(vec![categorical_inverse_cdf(key, logits, batch)?]);
     }
-    let gumbel = gumbel_with_key(key, shape)?;
+    // The words of `gumbel_with_key(key, shape)`, each turned into its Gumbel value.
+    for_each_bits(key, n, |i, word| {
+        let u = uniform_from_bits(word);
+        logits[i] += -mlx_math::log(-mlx_math::log(u));
+    });
     Ok(logits
         .chunks_exact(vocab)
-        .zip(gumbel.chunks_exact(vocab))
-        .map(|(row, g)| {
-            let noisy: Vec<f32> = g.iter().zip(row).map(|(&g, &x)| g + x).collect();
-            mlx_math::argmax(&noisy) as u32
-        })
+        .map(|row| mlx_math::argmax(row) as u32)
         .collect())
 }
 
@@ -330,6 +345,20 @@ impl Rng {
         randint_with_key(k, low, high, shape)
     }
 
+    /// `len` token ids `randint(0, vocab, (1, len))`, as u32 (the draw is within
+    /// `[0, vocab)`, so the conversion is exact; it happens here, once, not per use).
+    pub fn token_ids(&mut self, vocab: usize, len: usize) -> Result<Vec<u32>> {
+        let high = i32::try_from(vocab).map_err(|_| EngineError::InvalidArgument {
+            name: "vocab",
+            reason: format!("{vocab} does not fit an int32 randint"),
+        })?;
+        Ok(self
+            .randint(0, high, &[1, len])?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect())
+    }
+
     /// `mx.random.gumbel(shape)` (f32).
     pub fn gumbel(&mut self, shape: &[usize]) -> Result<Vec<f32>> {
         let k = self.next_key();
@@ -343,6 +372,17 @@ impl Rng {
     pub fn categorical(&mut self, logits: &[f32], shape: &[usize]) -> Result<Vec<u32>> {
         let k = self.next_key();
         categorical_with_key(k, logits, shape)
+    }
+
+    /// [`Rng::categorical`] with the noise added into `logits` (see
+    /// [`categorical_in_place_with_key`]).
+    pub fn categorical_in_place(
+        &mut self,
+        logits: &mut [f32],
+        shape: &[usize],
+    ) -> Result<Vec<u32>> {
+        let k = self.next_key();
+        categorical_in_place_with_key(k, logits, shape)
     }
 }
 

@@ -141,11 +141,11 @@ pub fn apply_temperature(logits: &mut [f32], temperature: f64) {
 }
 
 /// `mx.argmax(logits, axis=-1).astype(int32)` (diffusion.py 837): first maximal index per row.
-pub fn argmax_canvas(logits: &[f32], vocab: usize) -> Result<Vec<i32>> {
+pub fn argmax_canvas(logits: &[f32], vocab: usize) -> Result<Vec<u32>> {
     rows_of(logits, vocab, "logits")?;
     Ok(logits
         .chunks_exact(vocab)
-        .map(|row| mlx_math::argmax(row) as i32)
+        .map(|row| mlx_math::argmax(row) as u32)
         .collect())
 }
 
@@ -160,19 +160,34 @@ pub fn sample_canvas(
     vocab: usize,
     temperature: f64,
     rng: &mut Rng,
-) -> Result<Vec<i32>> {
+) -> Result<Vec<u32>> {
+    if temperature <= 0.0 {
+        return argmax_canvas(logits, vocab);
+    }
+    let mut scratch = alloc::zeroed(logits.len(), "tempered logits [canvas, vocab]")?;
+    sample_canvas_with(logits, vocab, temperature, rng, &mut scratch)
+}
+
+/// [`sample_canvas`] with a caller's scratch buffer as long as `logits` (its values are
+/// overwritten): `logits / temperature` and the Gumbel noise are computed there, so a step
+/// allocates nothing of the size of its logits.
+pub fn sample_canvas_with(
+    logits: &[f32],
+    vocab: usize,
+    temperature: f64,
+    rng: &mut Rng,
+    scratch: &mut [f32],
+) -> Result<Vec<u32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     if temperature <= 0.0 {
         return argmax_canvas(logits, vocab);
     }
-    let sampled = if temperature != 1.0 {
-        let mut scaled = alloc::copied(logits, "tempered logits [canvas, vocab]")?;
-        apply_temperature(&mut scaled, temperature);
-        rng.categorical(&scaled, &[rows, vocab])?
-    } else {
-        rng.categorical(logits, &[rows, vocab])?
-    };
-    Ok(sampled.into_iter().map(|t| t as i32).collect())
+    same_len(scratch.len(), logits.len(), "scratch")?;
+    scratch.copy_from_slice(logits);
+    if temperature != 1.0 {
+        apply_temperature(scratch, temperature);
+    }
+    rng.categorical_in_place(scratch, &[rows, vocab])
 }
 
 /// `mx.logsumexp(logits, axis=-1)` per row.
@@ -186,7 +201,7 @@ pub fn logsumexp_rows(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 
 /// Per row, `logits[token] - logsumexp(logits)`: the log-probability of `tokens` (dg's own,
 /// for reporting; the reference reports none).
-pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
+pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Vec<f32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     same_len(tokens.len(), rows, "tokens")?;
     logits
@@ -207,7 +222,7 @@ pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Ve
 
 /// `_diffusion_token_probability` (diffusion.py 233-243): per row,
 /// `exp(logits[token] - logsumexp(logits))` with MLX's exp: the confidence of `tokens`.
-pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[i32]) -> Result<Vec<f32>> {
+pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Vec<f32>> {
     let logprobs = token_logprobs(logits, vocab, tokens)?;
     Ok(logprobs.into_iter().map(mlx_math::exp).collect())
 }
@@ -250,8 +265,16 @@ pub fn token_entropy(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 /// kernel computes exactly the eager values): `(entropy, probs)`, `probs = exp(logits -
 /// logsumexp)` (`[rows, vocab]`), the entropy-bound sampler's soft-embedding weights.
 pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    let rows = rows_of(logits, vocab, "logits")?;
     let mut probs = alloc::zeroed(logits.len(), "probabilities [canvas, vocab]")?;
+    let entropy = entropy_and_probs_into(logits, vocab, &mut probs)?;
+    Ok((entropy, probs))
+}
+
+/// [`entropy_and_probs`] writing the probabilities into `probs` (as long as `logits`);
+/// returns the entropies.
+pub fn entropy_and_probs_into(logits: &[f32], vocab: usize, probs: &mut [f32]) -> Result<Vec<f32>> {
+    let rows = rows_of(logits, vocab, "logits")?;
+    same_len(probs.len(), logits.len(), "probs")?;
     let mut entropy = Vec::with_capacity(rows);
     for (row, out) in logits
         .chunks_exact(vocab)
@@ -259,22 +282,30 @@ pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<
     {
         entropy.push(entropy_row(row, Some(out)));
     }
-    Ok((entropy, probs))
+    Ok(entropy)
 }
 
 /// `mx.softmax(logits, axis=-1, precise=True)` (`_diffusion_soft_embeddings`, diffusion.py
 /// 289-298), the confidence sampler's soft-embedding weights: `exp(x - max) * (1 / sum)`.
-/// Differs from [`entropy_and_probs`]'s probabilities in the last bits.
+/// Differs from [`entropy_and_probs`]'s probabilities in the last bits. The decoder's
+/// `SelfConditioning::Logits` runs the same softmax (`dg_quant::mlx::softmax`).
 pub fn softmax_precise(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
-    rows_of(logits, vocab, "logits")?;
     let mut probs = alloc::zeroed(logits.len(), "probabilities [canvas, vocab]")?;
+    softmax_precise_into(logits, vocab, &mut probs)?;
+    Ok(probs)
+}
+
+/// [`softmax_precise`] into `probs` (as long as `logits`).
+pub fn softmax_precise_into(logits: &[f32], vocab: usize, probs: &mut [f32]) -> Result<()> {
+    rows_of(logits, vocab, "logits")?;
+    same_len(probs.len(), logits.len(), "probs")?;
     for (row, out) in logits
         .chunks_exact(vocab)
         .zip(probs.chunks_exact_mut(vocab))
     {
-        mlx_math::softmax(row, out);
+        dg_quant::mlx::softmax(row, out);
     }
-    Ok(probs)
+    Ok(())
 }
 
 /// `_diffusion_confidence_transfer_mask` (diffusion.py 301-320), per canvas row:
@@ -365,15 +396,15 @@ pub fn entropy_transfer_mask(entropy: &[f32], canvas_len: usize, bound: f64) -> 
 /// `(accepted, next_current)`.
 pub fn entropy_bound_update(
     accept: &[bool],
-    denoiser: &[i32],
-    current: &[i32],
-    noise: &[i32],
-) -> Result<(Vec<i32>, Vec<i32>)> {
+    denoiser: &[u32],
+    current: &[u32],
+    noise: &[u32],
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let n = accept.len();
     same_len(denoiser.len(), n, "denoiser")?;
     same_len(current.len(), n, "current")?;
     same_len(noise.len(), n, "noise")?;
-    let accepted: Vec<i32> = (0..n)
+    let accepted: Vec<u32> = (0..n)
         .map(|i| if accept[i] { denoiser[i] } else { current[i] })
         .collect();
     let next = (0..n)
@@ -389,17 +420,17 @@ pub fn entropy_bound_update(
 /// `draft = where(accept, accepted, draft)`. Returns `(accepted, next_current)`.
 pub fn confidence_update(
     accept: &[bool],
-    denoiser: &[i32],
-    noise: &[i32],
+    denoiser: &[u32],
+    noise: &[u32],
     revealed: &mut [bool],
-    draft: &mut [i32],
-) -> Result<(Vec<i32>, Vec<i32>)> {
+    draft: &mut [u32],
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let n = accept.len();
     same_len(denoiser.len(), n, "denoiser")?;
     same_len(noise.len(), n, "noise")?;
     same_len(revealed.len(), n, "revealed")?;
     same_len(draft.len(), n, "draft")?;
-    let accepted: Vec<i32> = (0..n)
+    let accepted: Vec<u32> = (0..n)
         .map(|i| if accept[i] { denoiser[i] } else { draft[i] })
         .collect();
     let next = (0..n)
@@ -430,7 +461,7 @@ pub fn confidence_update(
 pub struct StabilityStop {
     stability_threshold: usize,
     confidence_threshold: f64,
-    history: VecDeque<Vec<i32>>,
+    history: VecDeque<Vec<u32>>,
 }
 
 impl StabilityStop {
@@ -459,7 +490,7 @@ impl StabilityStop {
     /// (mean = f32 sum times f32(1 / count)).
     ///
     /// Quirk kept: with `stability_threshold == 0` every step counts as stable.
-    pub fn check(&mut self, argmax: &[i32], logits: &[f32], vocab: usize) -> Result<bool> {
+    pub fn check(&mut self, argmax: &[u32], logits: &[f32], vocab: usize) -> Result<bool> {
         let rows = rows_of(logits, vocab, "logits")?;
         same_len(argmax.len(), rows, "argmax")?;
         if let Some(h) = self.history.front() {

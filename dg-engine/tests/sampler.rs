@@ -200,6 +200,7 @@ fn per_case_outputs_match_reference() {
 
         // tokens: argmax, then one sample per temperature, each from a fresh seed
         let (_, tokens) = g.t.i32_shaped(&format!("{p}tokens"));
+        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
         let argmax = sampler::argmax_canvas(&logits, v).unwrap();
         assert_eq!(argmax, tokens[..l], "{name}: argmax");
         let seeds = usizes(&case["sample_seeds"]);
@@ -239,7 +240,7 @@ fn per_case_outputs_match_reference() {
         );
         let rowsum =
             |probs: &[f32]| -> Vec<f32> { probs.chunks_exact(v).map(mlx_math::sum).collect() };
-        let at = |probs: &[f32], cols: &[i32]| -> Vec<f32> {
+        let at = |probs: &[f32], cols: &[u32]| -> Vec<f32> {
             probs
                 .chunks_exact(v)
                 .zip(cols)
@@ -390,13 +391,18 @@ fn stop_check_matches_reference() {
     assert!(fired >= 20, "the stop check fired only {fired} times");
 }
 
+/// Token ids of a `randint(0, vocab)` draw as the sampler takes them (u32).
+fn u32s(ids: Vec<i32>) -> Vec<u32> {
+    ids.into_iter().map(|t| t as u32).collect()
+}
+
 /// The fake model of the loop goldens: logits of position `l` are table row
 /// `loop_rows[(7 * token + 3 * l) % K]` ("token") or `loop_rows[(3 * l + 11 * block) % K]`.
 fn fake_logits(
     g: &Golden,
     loop_rows: &[usize],
     mode: &str,
-    canvas: &[i32],
+    canvas: &[u32],
     block: usize,
 ) -> Vec<f32> {
     let k = loop_rows.len();
@@ -431,7 +437,7 @@ fn denoising_loop_matches_reference() {
         let max_tokens = as_usize(&run["max_tokens"]);
         let threshold = run["threshold"].as_f64().unwrap();
         let bound = run["entropy_bound"].as_f64().unwrap();
-        let eos: Vec<i32> = usizes(&run["eos"]).into_iter().map(|x| x as i32).collect();
+        let eos: Vec<u32> = usizes(&run["eos"]).into_iter().map(|x| x as u32).collect();
         let stop_cfg = &run["generation_config"]["diffusion_stopping_config"];
         let mut stop = stop_cfg.is_object().then(|| {
             StabilityStop::new(
@@ -441,14 +447,14 @@ fn denoising_loop_matches_reference() {
         });
 
         let mut rng = Rng::new(run["seed"].as_u64().unwrap());
-        let mut calls: Vec<Vec<i32>> = Vec::new();
+        let mut calls: Vec<Vec<u32>> = Vec::new();
         let mut emitted = Vec::new();
         let mut generated = 0;
         let mut finish = "length";
         let mut block = 0;
         'blocks: while generated < max_tokens {
             let l = max_canvas.min((max_tokens - generated).max(min_canvas));
-            let mut current = rng.randint(0, v as i32, &[1, l]).unwrap();
+            let mut current = u32s(rng.randint(0, v as i32, &[1, l]).unwrap());
             let mut revealed = vec![false; l];
             let mut draft = current.clone();
             let mut argmax = current.clone();
@@ -480,7 +486,7 @@ fn denoising_loop_matches_reference() {
                         cur_step == 1,
                     )
                     .unwrap();
-                    let noise = rng.randint(0, v as i32, &[1, l]).unwrap();
+                    let noise = u32s(rng.randint(0, v as i32, &[1, l]).unwrap());
                     let (_, next) = sampler::confidence_update(
                         &accept,
                         &denoiser,
@@ -496,7 +502,7 @@ fn denoising_loop_matches_reference() {
                 } else {
                     let (entropy, _probs) = sampler::entropy_and_probs(&logits, v).unwrap();
                     let accept = sampler::entropy_transfer_mask(&entropy, l, bound).unwrap();
-                    let noise = rng.randint(0, v as i32, &[1, l]).unwrap();
+                    let noise = u32s(rng.randint(0, v as i32, &[1, l]).unwrap());
                     let (_, next) =
                         sampler::entropy_bound_update(&accept, &denoiser, &current, &noise)
                             .unwrap();
@@ -523,11 +529,11 @@ fn denoising_loop_matches_reference() {
             block += 1;
         }
 
-        let want_calls: Vec<Vec<i32>> = run["calls"]
+        let want_calls: Vec<Vec<u32>> = run["calls"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|c| usizes(c).into_iter().map(|x| x as i32).collect())
+            .map(|c| usizes(c).into_iter().map(|x| x as u32).collect())
             .collect();
         let what = format!(
             "{} t={temperature} {mode} stop={} seed {}",
@@ -540,9 +546,9 @@ fn denoising_loop_matches_reference() {
             assert_eq!(ours, want, "{what}: canvas of call {n}");
         }
         calls_checked += calls.len();
-        let want_emitted: Vec<i32> = usizes(&run["emitted"])
+        let want_emitted: Vec<u32> = usizes(&run["emitted"])
             .into_iter()
-            .map(|x| x as i32)
+            .map(|x| x as u32)
             .collect();
         assert_eq!(emitted, want_emitted, "{what}: emitted tokens");
         assert_eq!(

@@ -7,7 +7,8 @@
 //!   (`matmul/`), parallel on the current rayon pool ([`pool::build`]), with results that
 //!   do not depend on the thread count. Each quantized product runs one [`Plan`], chosen from
 //!   the weights' format and the kernels only ([`QMatrix::plan`] says which).
-//! - [`ops`]: small f32 operations shared by the models.
+//! - [`ops`]: small f32 operations shared by the models; [`mlx`]: MLX's CPU `exp` and softmax,
+//!   bit for bit (the sampler's and the self-conditioning's one softmax).
 //!
 //! SIMD lives in `kernels/` only: kernel objects ([`Kernels`]) that exist only where the CPU
 //! has their features (AVX2 + FMA on x86-64; AVX-512 where present for the unpacked panels of
@@ -25,6 +26,7 @@ mod error;
 mod format;
 mod kernels;
 mod matmul;
+pub mod mlx;
 pub mod ops;
 pub mod pool;
 mod scratch;

@@ -278,6 +278,13 @@ impl Linear {
     /// `x [m, in] @ W^T -> [m, out]`, plus the mounted adapter's `scale * (x @ A) @ B`; with a
     /// [`Clip`], the input is clamped first and the output last, as `ClippableLinear` does.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
+        let mut out = dg_quant::alloc::zeroed(m * self.out_dim, "linear layer output")?;
+        self.forward_into(x, m, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::forward`] into `out` `[m, out]` (every value overwritten).
+    pub fn forward_into(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), CoreError> {
         let clipped_in;
         let x = match &self.clip {
             Some(c) => {
@@ -286,29 +293,33 @@ impl Linear {
             }
             None => x,
         };
-        let mut out = self.forward_base(x, m)?;
+        self.forward_base_into(x, m, out)?;
         if let Some(lora) = &self.lora {
-            self.add_lora(lora, x, m, &mut out)?;
+            self.add_lora(lora, x, m, out)?;
         }
         if let Some(c) = &self.clip {
-            for v in &mut out {
+            for v in out.iter_mut() {
                 *v = clamp(*v, c.output);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// `x [m, in] @ W^T` without any mounted adapter (the frozen base, for training).
     pub(crate) fn forward_base(&self, x: &[f32], m: usize) -> Result<Vec<f32>, CoreError> {
         let mut out = dg_quant::alloc::zeroed(m * self.out_dim, "linear layer output")?;
+        self.forward_base_into(x, m, &mut out)?;
+        Ok(out)
+    }
+
+    fn forward_base_into(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), CoreError> {
         match &self.weights {
             Weights::Dense(w) => {
-                dg_quant::matmul_f32(x, &w.f32(), m, self.in_dim, self.out_dim, true, &mut out)
+                dg_quant::matmul_f32(x, &w.f32(), m, self.in_dim, self.out_dim, true, out)
             }
-            Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, &mut out),
+            Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, out),
         }
-        .map_err(|e| self.quant_err(e))?;
-        Ok(out)
+        .map_err(|e| self.quant_err(e))
     }
 
     /// `out += scale * (x @ A) @ B`, in the reference's order: the two products, the scale on

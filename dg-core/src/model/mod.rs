@@ -14,7 +14,7 @@ pub mod self_conditioning;
 
 mod load;
 
-use dg_quant::{alloc, ops};
+use dg_quant::{alloc, mlx, ops};
 
 use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
@@ -34,7 +34,8 @@ pub enum SelfConditioning<'a> {
     /// No signal (the first denoising step): zero soft embeddings.
     #[default]
     None,
-    /// The previous step's logits `[canvas, vocab]`; softmaxed and projected here.
+    /// The previous step's logits `[canvas, vocab]`; softmaxed and projected here (with
+    /// `dg_quant::mlx::softmax`, the softmax the sampler's confidence path uses).
     Logits(&'a [f32]),
     /// Soft embeddings `[canvas, hidden]` already computed (what the engine passes).
     Embeddings(&'a [f32]),
@@ -329,14 +330,27 @@ impl TextModel {
     /// Decoder passes of several canvases at once (see [`batch`]), each over its own cache.
     /// Returns each canvas's soft-capped logits `[canvas, vocab]`.
     pub fn decode_batch(&self, inputs: &[DecoderInput<'_>]) -> Result<Vec<Vec<f32>>, CoreError> {
-        let (hidden, segments) = self.decode_hidden_batch(inputs)?;
-        let logits = self.logits(&hidden, segments.rows())?;
+        let mut logits = Vec::new();
+        let segments = self.decode_batch_into(inputs, &mut logits)?;
         split_rows(
             logits,
             &segments,
             self.vocab_size(),
             "logits [canvas, vocab]",
         )
+    }
+
+    /// [`Self::decode_batch`] into one packed buffer: `logits` becomes `[rows, vocab]`, canvas
+    /// `i` owning rows `segments.span(i)` of the returned segments. The buffer is reused (only
+    /// grown), so a driver that keeps it allocates no logits per step.
+    pub fn decode_batch_into(
+        &self,
+        inputs: &[DecoderInput<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<Segments, CoreError> {
+        let (hidden, segments) = self.decode_hidden_batch(inputs)?;
+        self.logits_into(&hidden, segments.rows(), logits)?;
+        Ok(segments)
     }
 
     /// The decoder's final-normed hidden states `[canvas, hidden]`.
@@ -442,9 +456,12 @@ impl TextModel {
             if let SelfConditioning::Logits(logits) = input.self_conditioning {
                 alloc::reserve(&mut probs, logits.len(), "self-conditioning probabilities")?;
                 let start = probs.len();
-                probs.extend_from_slice(logits);
-                for row in probs[start..].chunks_exact_mut(vocab) {
-                    ops::softmax_inplace(row);
+                probs.resize(start + logits.len(), 0.0);
+                for (row, out) in logits
+                    .chunks_exact(vocab)
+                    .zip(probs[start..].chunks_exact_mut(vocab))
+                {
+                    mlx::softmax(row, out);
                 }
             }
         }
@@ -474,16 +491,34 @@ impl TextModel {
 
     /// Tied head and soft cap: `tanh((h @ embed^T) / cap) * cap` in f32.
     pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>, CoreError> {
-        let mut logits = self.embed_tokens.forward(hidden, rows)?;
+        let mut logits = Vec::new();
+        self.logits_into(hidden, rows, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Self::logits`] into `out` (resized to `[rows, vocab]`, its allocation reused).
+    fn logits_into(
+        &self,
+        hidden: &[f32],
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CoreError> {
+        let len = rows * self.vocab_size();
+        if out.len() < len {
+            alloc::reserve(out, len - out.len(), "logits [canvas, vocab]")?;
+        }
+        // Every value is overwritten by the product below: only new room is zeroed.
+        out.resize(len, 0.0);
+        self.embed_tokens.forward_into(hidden, rows, out)?;
         if let Some(cap) = self
             .config
             .text
             .final_logit_softcapping
             .filter(|c| *c > 0.0)
         {
-            ops::softcap_inplace(&mut logits, cap);
+            ops::softcap_inplace(out, cap);
         }
-        Ok(logits)
+        Ok(())
     }
 
     /// Soft embeddings `probs @ embed * sqrt(hidden)` for `rows` probability rows (each row
