@@ -21,10 +21,13 @@ use clap::{Parser, ValueEnum};
 use dg_engine::{
     Defaults, DiffusionGemma, Event, FinishReason, Generation, Image, Message, Request, Sampler,
 };
-use indicatif::{ProgressBar, ProgressStyle};
 
+#[path = "common/load.rs"]
+mod load;
 #[path = "common/model_source.rs"]
 mod model_source;
+#[path = "common/synthetic.rs"]
+mod synthetic;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum SamplerArg {
@@ -158,11 +161,7 @@ fn run(args: &Args) -> Result<i32> {
     let dir = match &args.model {
         Some(model) => model_source::checkpoint_dir(model, !args.json)?,
         None => {
-            let tmp = tempfile::tempdir()?;
-            dg_core::synthetic::write_checkpoint(
-                tmp.path(),
-                &dg_core::synthetic::SyntheticSpec::default(),
-            )?;
+            let tmp = synthetic::random_checkpoint()?;
             if !args.json {
                 eprintln!("No --model given: using a small RANDOM-weight checkpoint; its output is noise.");
             }
@@ -172,28 +171,7 @@ fn run(args: &Args) -> Result<i32> {
         }
     };
 
-    let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
-            .context("progress style")?,
-    );
-    if args.json {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    let mut builder = DiffusionGemma::builder(&dir).progress(|done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        true
-    });
-    if let Some(threads) = args.threads {
-        builder = builder.threads(threads);
-    }
-    if let Some(adapter) = &args.adapter {
-        builder = builder.adapter(adapter);
-    }
-    let model = builder
-        .load()
-        .with_context(|| format!("loading {}", dir.display()))?;
-    bar.finish_and_clear();
+    let model = load::load_model(&dir, args.threads, args.adapter.as_deref(), !args.json)?;
 
     let requests: Vec<Request> = if args.prompt_ids.is_some() {
         vec![build_request(args, "")]

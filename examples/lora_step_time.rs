@@ -4,41 +4,32 @@
 //!
 //! `cargo run --release --example lora_step_time -- --model DIR --prompt-len 32 --steps 3`
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
 use dg_engine::train::{EncodedPair, TrainOptions, Trainer};
-use dg_engine::DiffusionGemma;
+
+#[path = "common/timing.rs"]
+mod timing;
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    model: PathBuf,
-    #[arg(long, default_value_t = 32)]
-    prompt_len: usize,
+    #[command(flatten)]
+    timing: timing::TimingArgs,
     #[arg(long, default_value_t = 3)]
     steps: u64,
-    #[arg(long)]
-    threads: Option<usize>,
 }
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let mut builder = DiffusionGemma::builder(&a.model);
-    if let Some(t) = a.threads {
-        builder = builder.threads(t);
-    }
-    let model = builder.load()?;
+    let model = a.timing.load()?;
     let vocab = model.model().vocab_size() as u32;
-    let canvas_len = model.model().config().canvas_length as u32;
+    let canvas_len = model.model().config().canvas_length;
     // The same ids as the reference side: a prompt and a full-canvas target.
     let example = EncodedPair {
-        prompt_ids: (0..a.prompt_len as u32)
-            .map(|i| (i * 7 + 3) % vocab)
-            .collect(),
-        target_ids: (0..canvas_len).map(|i| (i * 37 + 11) % vocab).collect(),
+        prompt_ids: a.timing.prompt_ids(vocab),
+        target_ids: timing::canvas_ids(canvas_len, vocab),
         line: 1,
     };
     let mut trainer = Trainer::with_examples(&model, vec![example], TrainOptions::default())?;

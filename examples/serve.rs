@@ -22,6 +22,8 @@ use dg_server::{Server, ServerOptions};
 
 #[path = "common/model_source.rs"]
 mod model_source;
+#[path = "common/synthetic.rs"]
+mod synthetic;
 
 #[derive(Parser, Debug)]
 #[command(about = "Serve DiffusionGemma: OpenAI- and Anthropic-compatible HTTP API")]
@@ -88,11 +90,7 @@ async fn main() -> Result<()> {
     let (dir, tmp) = match &args.model {
         Some(dir) => (dir.clone(), None),
         None => {
-            let tmp = tempfile::tempdir()?;
-            dg_core::synthetic::write_checkpoint(
-                tmp.path(),
-                &dg_core::synthetic::SyntheticSpec::default(),
-            )?;
+            let tmp = synthetic::random_checkpoint()?;
             tracing::warn!(
                 "no --model given: serving a small RANDOM-weight checkpoint; its output is noise"
             );

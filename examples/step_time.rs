@@ -3,42 +3,31 @@
 //!
 //! `cargo run --release --example step_time -- --model DIR --prompt-len 32 --steps 10`
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
 use dg_core::SelfConditioning;
-use dg_engine::DiffusionGemma;
+
+#[path = "common/timing.rs"]
+mod timing;
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    model: PathBuf,
-    #[arg(long, default_value_t = 32)]
-    prompt_len: usize,
+    #[command(flatten)]
+    timing: timing::TimingArgs,
     #[arg(long, default_value_t = 10)]
     steps: usize,
-    #[arg(long)]
-    threads: Option<usize>,
 }
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let mut builder = DiffusionGemma::builder(&a.model);
-    if let Some(t) = a.threads {
-        builder = builder.threads(t);
-    }
-    let model = builder.load()?;
+    let model = a.timing.load()?;
     let vocab = model.model().vocab_size() as u32;
     let canvas_len = model.model().config().canvas_length;
-    let prompt: Vec<u32> = (0..a.prompt_len as u32)
-        .map(|i| (i * 7 + 3) % vocab)
-        .collect();
+    let prompt = a.timing.prompt_ids(vocab);
     let cache = model.prefill(&prompt)?;
-    let canvas: Vec<u32> = (0..canvas_len as u32)
-        .map(|i| (i * 37 + 11) % vocab)
-        .collect();
+    let canvas = timing::canvas_ids(canvas_len, vocab);
     let logits = model.decoder_logits(&cache, &canvas, SelfConditioning::None)?;
     let start = Instant::now();
     for _ in 0..a.steps {
@@ -51,7 +40,7 @@ fn main() -> Result<()> {
     let per_step = start.elapsed().as_secs_f64() / a.steps as f64;
     println!(
         "{}",
-        serde_json::json!({"per_step_s": per_step, "canvas": canvas_len, "prompt": a.prompt_len,
+        serde_json::json!({"per_step_s": per_step, "canvas": canvas_len, "prompt": a.timing.prompt_len,
             "peak_rss_mb": peak_rss_mb()})
     );
     Ok(())

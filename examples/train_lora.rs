@@ -22,9 +22,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use dg_engine::train::{DataOrder, TrainOptions, Trainer};
-use dg_engine::DiffusionGemma;
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[path = "common/load.rs"]
+mod load;
 #[path = "common/model_source.rs"]
 mod model_source;
 
@@ -95,22 +96,7 @@ fn data_file(data: &Path) -> PathBuf {
 fn run(args: &Args) -> Result<()> {
     let dir = model_source::checkpoint_dir(&args.model, true)?;
     let data = data_file(&args.data);
-    let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
-            .context("progress style")?,
-    );
-    let mut builder = DiffusionGemma::builder(&dir).progress(|done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        true
-    });
-    if let Some(threads) = args.threads {
-        builder = builder.threads(threads);
-    }
-    let model = builder
-        .load()
-        .with_context(|| format!("loading {}", dir.display()))?;
-    bar.finish_and_clear();
+    let model = load::load_model(&dir, args.threads, None, true)?;
 
     let mut trainer = match &args.resume {
         Some(from) => {

@@ -79,6 +79,23 @@ pub struct PreparedPrompt {
     pub features: Vec<ImageFeatures>,
 }
 
+impl PreparedPrompt {
+    /// A prompt without images.
+    fn text(ids: Vec<u32>) -> Self {
+        PreparedPrompt {
+            ids,
+            token_types: Vec::new(),
+            #[cfg(feature = "vision")]
+            features: Vec::new(),
+        }
+    }
+}
+
+/// How many image placeholder tokens `ids` holds (none without image tokens).
+fn image_placeholders(ids: &[u32], tokens: Option<ImageTokenIds>) -> usize {
+    tokens.map_or(0, |t| ids.iter().filter(|&&id| id == t.image).count())
+}
+
 /// Without the `vision` feature: a prompt with images is refused.
 #[cfg(not(feature = "vision"))]
 pub(crate) fn attach_images(
@@ -86,12 +103,8 @@ pub(crate) fn attach_images(
     images: &[Image],
     tokens: Option<ImageTokenIds>,
 ) -> Result<PreparedPrompt> {
-    let placeholders = tokens.map_or(0, |t| ids.iter().filter(|&&id| id == t.image).count());
-    if images.is_empty() && placeholders == 0 {
-        return Ok(PreparedPrompt {
-            ids,
-            token_types: Vec::new(),
-        });
+    if images.is_empty() && image_placeholders(&ids, tokens) == 0 {
+        return Ok(PreparedPrompt::text(ids));
     }
     Err(EngineError::InvalidArgument {
         name: "images",
@@ -108,13 +121,9 @@ pub(crate) fn attach_images(
     limits: dg_vision::DecodeLimits,
     tokens: Option<ImageTokenIds>,
 ) -> Result<PreparedPrompt> {
-    let placeholders = tokens.map_or(0, |t| ids.iter().filter(|&&id| id == t.image).count());
+    let placeholders = image_placeholders(&ids, tokens);
     if images.is_empty() && placeholders == 0 {
-        return Ok(PreparedPrompt {
-            ids,
-            token_types: Vec::new(),
-            features: Vec::new(),
-        });
+        return Ok(PreparedPrompt::text(ids));
     }
     let (Some(vision), Some(tokens)) = (vision, tokens) else {
         return Err(EngineError::InvalidArgument {

@@ -316,32 +316,7 @@ pub(crate) async fn chat(
             req.diffusion,
         )
     })();
-    let frames = OpenAiFrames::new(&server, Route::Chat);
-    let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
-    let tokens = TokenText::of(&server);
-    generate::respond(
-        &server,
-        Endpoint::ChatCompletions,
-        parsed,
-        |p| frames.usage(p.include_usage),
-        |g| {
-            json!({
-                "id": id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [{
-                    "index": 0,
-                    "message": { "role": "assistant", "content": g.text, "refusal": null },
-                    "logprobs": logprobs_json(Route::Chat, tokens.as_ref(), g),
-                    "finish_reason": finish_reason(g.finish_reason),
-                }],
-                "usage": usage(g),
-                "system_fingerprint": null,
-            })
-        },
-    )
-    .await
+    respond(&server, Route::Chat, parsed).await
 }
 
 /// The options both OpenAI routes share, applied to `request`.
@@ -369,6 +344,49 @@ fn parsed(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
     })
+}
+
+/// Answers an OpenAI route: streamed in [`OpenAiFrames`], or whole as a `chat.completion`
+/// (the text in `message`) or a `text_completion` (the text in `text`).
+async fn respond(
+    server: &Server,
+    route: Route,
+    parsed: Result<Parsed, ApiError>,
+) -> Result<Response, ApiError> {
+    let frames = OpenAiFrames::new(server, route);
+    let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
+    let tokens = TokenText::of(server);
+    let (endpoint, object, text_key) = match route {
+        Route::Chat => (Endpoint::ChatCompletions, "chat.completion", "message"),
+        Route::Completion => (Endpoint::Completions, "text_completion", "text"),
+    };
+    generate::respond(
+        server,
+        endpoint,
+        parsed,
+        |p| frames.usage(p.include_usage),
+        |g| {
+            let text = match route {
+                Route::Chat => json!({ "role": "assistant", "content": g.text, "refusal": null }),
+                Route::Completion => json!(g.text),
+            };
+            json!({
+                "id": id,
+                "object": object,
+                "created": created,
+                "model": model,
+                "choices": [{
+                    "index": 0,
+                    text_key: text,
+                    "logprobs": logprobs_json(route, tokens.as_ref(), g),
+                    "finish_reason": finish_reason(g.finish_reason),
+                }],
+                "usage": usage(g),
+                "system_fingerprint": null,
+            })
+        },
+    )
+    .await
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -545,30 +563,5 @@ pub(crate) async fn completions(
                 req.diffusion,
             )
         })();
-    let frames = OpenAiFrames::new(&server, Route::Completion);
-    let (id, created, model) = (frames.id.clone(), frames.created, frames.model.clone());
-    let tokens = TokenText::of(&server);
-    generate::respond(
-        &server,
-        Endpoint::Completions,
-        parsed,
-        |p| frames.usage(p.include_usage),
-        |g| {
-            json!({
-                "id": id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [{
-                    "index": 0,
-                    "text": g.text,
-                    "logprobs": logprobs_json(Route::Completion, tokens.as_ref(), g),
-                    "finish_reason": finish_reason(g.finish_reason),
-                }],
-                "usage": usage(g),
-                "system_fingerprint": null,
-            })
-        },
-    )
-    .await
+    respond(&server, Route::Completion, parsed).await
 }

@@ -340,28 +340,14 @@ impl Tokenizer {
     /// Encodes text. `add_special_tokens` applies tokenizer.json's post-processor, as Python
     /// `tokenizer.encode(text, add_special_tokens=...)` does (Gemma's adds nothing).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| Error::Encode {
-                chars: text.chars().count(),
-                message: e.to_string(),
-            })?;
-        Ok(enc.get_ids().to_vec())
+        encode_with(&self.inner, text, add_special_tokens)
     }
 
     /// Encodes text with special-token strings as plain text (`<eos>` becomes the tokens of the
     /// characters `<`, `eos`, `>`), as Python `tokenizer.encode(text, add_special_tokens=...,
     /// split_special_tokens=True)`.
     pub fn encode_literal(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .plain()
-            .encode(text, add_special_tokens)
-            .map_err(|e| Error::Encode {
-                chars: text.chars().count(),
-                message: e.to_string(),
-            })?;
-        Ok(enc.get_ids().to_vec())
+        encode_with(self.plain(), text, add_special_tokens)
     }
 
     fn plain(&self) -> &tokenizers::Tokenizer {
@@ -530,6 +516,21 @@ impl Tokenizer {
         let text = template.render(&masked, options)?;
         masker.encode(self.plain(), &text)
     }
+}
+
+/// `tok.encode(text, add_special_tokens)`'s ids, its error named as ours.
+fn encode_with(
+    tok: &tokenizers::Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>> {
+    let enc = tok
+        .encode(text, add_special_tokens)
+        .map_err(|e| Error::Encode {
+            chars: text.chars().count(),
+            message: e.to_string(),
+        })?;
+    Ok(enc.get_ids().to_vec())
 }
 
 fn json_text(what: &str, value: &impl serde::Serialize) -> Result<String> {

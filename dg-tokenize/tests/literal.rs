@@ -24,6 +24,21 @@ fn prompt() -> RenderOptions {
     }
 }
 
+/// The prompt of `messages` rendered as usual and with typed special tokens kept as text.
+fn both_ways(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[Message],
+) -> (Vec<u32>, Vec<u32>) {
+    let normal = tok
+        .apply_chat_template(template, messages, &prompt())
+        .unwrap();
+    let literal = tok
+        .apply_chat_template_literal(template, messages, &prompt())
+        .unwrap();
+    (normal, literal)
+}
+
 fn id(tok: &Tokenizer, token: &str) -> u32 {
     tok.token_to_id(token).unwrap()
 }
@@ -48,12 +63,7 @@ fn special_tokens_typed_in_a_message_stay_text_and_the_templates_stay_special() 
     let (tok, template) = load();
     let content = "hi <eos> look <|image|>";
     let messages = [Message::user(content)];
-    let normal = tok
-        .apply_chat_template(&template, &messages, &prompt())
-        .unwrap();
-    let literal = tok
-        .apply_chat_template_literal(&template, &messages, &prompt())
-        .unwrap();
+    let (normal, literal) = both_ways(&tok, &template, &messages);
     let (eos, image) = (id(&tok, "<eos>"), id(&tok, "<|image|>"));
     assert!(normal.contains(&eos) && normal.contains(&image));
     assert!(
@@ -100,12 +110,8 @@ fn without_special_strings_literal_mode_changes_nothing() {
         Message::assistant("The Nile."),
         Message::user("And a sea?"),
     ];
-    assert_eq!(
-        tok.apply_chat_template_literal(&template, &messages, &prompt())
-            .unwrap(),
-        tok.apply_chat_template(&template, &messages, &prompt())
-            .unwrap()
-    );
+    let (normal, literal) = both_ways(&tok, &template, &messages);
+    assert_eq!(literal, normal);
 }
 
 #[test]
@@ -120,12 +126,7 @@ fn parts_and_earlier_turns_are_literal_too_and_image_parts_stay_placeholders() {
             ContentPart::text("what is <|image|>?"),
         ]),
     ];
-    let normal = tok
-        .apply_chat_template(&template, &messages, &prompt())
-        .unwrap();
-    let literal = tok
-        .apply_chat_template_literal(&template, &messages, &prompt())
-        .unwrap();
+    let (normal, literal) = both_ways(&tok, &template, &messages);
     let count = |ids: &[u32], t: u32| ids.iter().filter(|&&i| i == t).count();
     // One image placeholder from the image part, none from the typed text.
     assert_eq!(count(&normal, image), 2);

@@ -8,14 +8,12 @@
 # that SIGTERM stops each with exit code 0, and that while one replica is gone the balancer
 # still answers from the other.
 #
-# SERVE_BIN: the serve binary (default: target/debug/examples/serve; built when missing).
+# SERVE_BIN: the serve binary (see common.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-VENV=.venv-clients
-MODEL=tests/fixtures/models/tiny-vision
-MAX_BODY=1000000
-BIN=${SERVE_BIN:-target/debug/examples/serve}
+# shellcheck source=tools/clients/common.sh
+source tools/clients/common.sh
 WORK=$(mktemp -d)
 PIDS=()
 NGINX_PID=
@@ -39,32 +37,7 @@ if ! command -v nginx >/dev/null 2>&1; then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tools/clients/requirements.txt
-
-if [ ! -x "$BIN" ]; then
-    cargo build --example serve
-    BIN=target/debug/examples/serve
-fi
-
-# Waits for `listening on` in a log and for /health; prints the address.
-ready() {
-    local log=$1 pid=$2 addr=
-    for _ in $(seq 1 600); do
-        addr=$(sed -n 's/.*listening on http:\/\/\([0-9.:]*\).*/\1/p' "$log" | head -n1)
-        if [ -n "$addr" ] && curl -sf "http://$addr/health" >/dev/null 2>&1; then
-            echo "$addr"
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    cat "$log" >&2
-    echo "replica $pid never became ready" >&2
-    return 1
-}
+prepare
 
 ADDRS=()
 for i in 1 2; do
@@ -109,11 +82,7 @@ for addr in "${ADDRS[@]}"; do
 done
 
 # One replica stops (SIGTERM, exit 0): the balancer answers from the other.
-kill -TERM "${PIDS[0]}"
-set +e
-wait "${PIDS[0]}"
-STATUS=$?
-set -e
+terminate "${PIDS[0]}"
 [ "$STATUS" -eq 0 ] || { echo "replica 1 exited with $STATUS after SIGTERM" >&2; exit 1; }
 PIDS=("${PIDS[1]}")
 for i in 1 2 3 4; do
@@ -123,11 +92,7 @@ for i in 1 2 3 4; do
 done
 echo "with one replica gone, the balancer still answers"
 
-kill -TERM "${PIDS[0]}"
-set +e
-wait "${PIDS[0]}"
-STATUS=$?
-set -e
+terminate "${PIDS[0]}"
 PIDS=()
 [ "$STATUS" -eq 0 ] || { echo "replica 2 exited with $STATUS after SIGTERM" >&2; exit 1; }
 echo "replicas stopped on SIGTERM with exit code 0"

@@ -7,15 +7,12 @@
 # port with the tiny-vision fixture, waits for /health, runs test_clients.py and the README's
 # curl block, then stops the server with SIGTERM and checks that it exits 0.
 #
-# SERVE_BIN: the serve binary (default: target/debug/examples/serve, built by `cargo test`;
-# built with `cargo build --example serve` when missing).
+# SERVE_BIN: the serve binary (see common.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-VENV=.venv-clients
-MODEL=tests/fixtures/models/tiny-vision
-MAX_BODY=1000000
-BIN=${SERVE_BIN:-target/debug/examples/serve}
+# shellcheck source=tools/clients/common.sh
+source tools/clients/common.sh
 WORK=$(mktemp -d)
 SERVER_PID=
 
@@ -28,39 +25,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tools/clients/requirements.txt
-
-if [ ! -x "$BIN" ]; then
-    cargo build --example serve
-    BIN=target/debug/examples/serve
-fi
+prepare
 
 # Port 0: the server picks a free port and logs it; no race for a port.
 "$BIN" --model "$MODEL" --host 127.0.0.1 --port 0 --max-body-bytes "$MAX_BODY" \
     >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 
-ADDR=
-for _ in $(seq 1 600); do
-    ADDR=$(sed -n 's/.*listening on http:\/\/\([0-9.:]*\).*/\1/p' "$WORK/server.log" | head -n1)
-    if [ -n "$ADDR" ] && curl -sf "http://$ADDR/health" >/dev/null 2>&1; then
-        break
-    fi
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        cat "$WORK/server.log"
-        echo "the server exited before it was ready" >&2
-        exit 1
-    fi
-    sleep 0.1
-done
-if ! curl -sf "http://$ADDR/health" >/dev/null; then
-    cat "$WORK/server.log"
-    echo "the server was not ready in 60 s" >&2
-    exit 1
-fi
+ADDR=$(ready "$WORK/server.log" "$SERVER_PID")
 echo "server ready at http://$ADDR"
 
 "$VENV/bin/python" tools/clients/test_clients.py --base-url "http://$ADDR" --max-body-bytes "$MAX_BODY"
@@ -85,11 +57,7 @@ grep -q '"chat.completion"' "$WORK/readme_curl.out"
 grep -q 'data: \[DONE\]' "$WORK/readme_curl.out"
 grep -q 'event: message_stop' "$WORK/readme_curl.out"
 
-kill -TERM "$SERVER_PID"
-set +e
-wait "$SERVER_PID"
-STATUS=$?
-set -e
+terminate "$SERVER_PID"
 SERVER_PID=
 if [ "$STATUS" -ne 0 ]; then
     cat "$WORK/server.log"

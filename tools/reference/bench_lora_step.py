@@ -14,23 +14,10 @@ Prints per-step seconds, the ratios reference / dg and the reference processes' 
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
-import resource
-import subprocess
-import sys
-import tempfile
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-
-
-def cargo_example(name: str, *args: str) -> str:
-    cmd = ["cargo", "run", "--quiet", "--release", "--example", name, "--", *args]
-    return subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+from bench_common import cargo_example, last_json, parse_args, print_child, side_by_side
 
 
 def reference_step(model_dir: str, f32: bool, prompt_len: int, steps: int) -> float:
@@ -73,47 +60,21 @@ def reference_step(model_dir: str, f32: bool, prompt_len: int, steps: int) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--experts", type=int, default=32)
-    ap.add_argument("--canvas", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--child", choices=["bf16", "f32"])
-    ap.add_argument("--model")
-    a = ap.parse_args()
-
+    a = parse_args(__doc__)
     if a.child:
         import mlx.core as mx
         mx.set_default_device(mx.cpu)
-        per_step = reference_step(a.model, a.child == "f32", a.prompt_len, a.steps)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps({"per_step_s": per_step, "peak_rss_mb": peak}))
+        print_child(reference_step(a.model, a.child == "f32", a.prompt_len, a.steps))
         return
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cargo_example(
-            "write_checkpoint", "--out", tmp, "--hidden", str(a.hidden), "--experts",
-            str(a.experts), "--canvas", str(a.canvas), "--vocab", str(a.vocab),
-        )
-        results = {}
-        for kind in ["bf16", "f32"]:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", kind, "--model", tmp, "--prompt-len",
-                 str(a.prompt_len), "--steps", str(a.steps)],
-                check=True, capture_output=True, text=True,
-            ).stdout
-            results[f"reference_{kind}"] = json.loads(out.strip().splitlines()[-1])
+    def run_dg(model_dir: str) -> dict:
         start = time.perf_counter()
-        out = cargo_example("lora_step_time", "--model", tmp, "--prompt-len",
-                            str(a.prompt_len), "--steps", str(a.steps))
-        dg = json.loads(out.strip().splitlines()[-1])
+        dg = last_json(cargo_example("lora_step_time", "--model", model_dir, "--prompt-len",
+                                     str(a.prompt_len), "--steps", str(a.steps)))
         dg["wall_s_with_build"] = time.perf_counter() - start
-        results["dg"] = dg
-    results["ratio_vs_bf16"] = results["reference_bf16"]["per_step_s"] / dg["per_step_s"]
-    results["ratio_vs_f32"] = results["reference_f32"]["per_step_s"] / dg["per_step_s"]
-    print(json.dumps(results, indent=1))
+        return dg
+
+    print(json.dumps(side_by_side(a, __file__, run_dg), indent=1))
 
 
 if __name__ == "__main__":

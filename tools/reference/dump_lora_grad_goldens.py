@@ -49,7 +49,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from lora_reference import patch_router_stop_gradient  # noqa: E402
+from lora_reference import setup_reference  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "tiny"
 ADAPTER = ROOT / "tests" / "fixtures" / "adapters" / "tiny-grad"
@@ -84,11 +84,7 @@ def main() -> None:
     from optiq.vlm.diffusion_gemma.generate import load
     from optiq.vlm.diffusion_gemma.lora import DEFAULT_LORA_KEYS, _encode_pair, _save_adapter
 
-    assert mx.__version__ == "0.32.4", mx.__version__
-    assert version("mlx-lm") == "0.32.2", version("mlx-lm")
-    assert version("mlx-optiq") == "0.7.7", version("mlx-optiq")
-    mx.set_default_device(mx.cpu)
-    patch_router_stop_gradient()
+    setup_reference()
 
     model, tokenizer = load(str(MODEL))
     model.set_dtype(mx.float32)

@@ -52,7 +52,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from lora_reference import patch_router_stop_gradient  # noqa: E402
+from lora_reference import setup_reference  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "tiny"
 DATA = ROOT / "tests" / "fixtures" / "lora"
@@ -68,16 +68,10 @@ RECORDED_LORA_A = [
 
 
 def main() -> None:
-    from importlib.metadata import version
-
     import mlx_lm.tuner.utils as tuner_utils
     from optiq.vlm.diffusion_gemma import lora
 
-    assert mx.__version__ == "0.32.4", mx.__version__
-    assert version("mlx-lm") == "0.32.2", version("mlx-lm")
-    assert version("mlx-optiq") == "0.7.7", version("mlx-optiq")
-    mx.set_default_device(mx.cpu)
-    patch_router_stop_gradient()
+    setup_reference()
 
     tensors: dict[str, mx.array] = {}
     doc: dict = {

@@ -32,3 +32,15 @@ def _router_call_with_stopped_indices(self, x):
 def patch_router_stop_gradient() -> None:
     """Make the reference's router differentiable (see the module docstring)."""
     language.Router.__call__ = _router_call_with_stopped_indices
+
+
+def setup_reference() -> None:
+    """The pinned reference (mlx 0.32.4, mlx-lm 0.32.2, mlx-optiq 0.7.7) on the CPU, router
+    patched: what every LoRA gradient and training golden is computed with."""
+    from importlib.metadata import version
+
+    assert mx.__version__ == "0.32.4", mx.__version__
+    assert version("mlx-lm") == "0.32.2", version("mlx-lm")
+    assert version("mlx-optiq") == "0.7.7", version("mlx-optiq")
+    mx.set_default_device(mx.cpu)
+    patch_router_stop_gradient()

@@ -285,23 +285,37 @@ pub(crate) fn attend_head(
         scores.clear();
         scores.resize(rows * width, 0.0f32);
         let q_rows = &q[i0 * hd..(i0 + rows) * hd];
-        dg_quant::matmul_f32(
+        block_probs(
+            view,
             q_rows,
             &k[k0 * hd..k1 * hd],
-            rows,
+            (i0, k0),
             hd,
-            width,
-            true,
             &mut scores,
         )?;
-        for (i, row) in scores.chunks_exact_mut(width).enumerate() {
-            mask_row(view, i0 + i, k0, row);
-            ops::softmax_inplace(row);
-        }
         let o = &mut out[i0 * hd..(i0 + rows) * hd];
         dg_quant::matmul_f32(&scores, &v[k0 * hd..k1 * hd], rows, width, hd, false, o)?;
     }
     Ok(out)
+}
+
+/// The attention probabilities `softmax(mask(q k^T))` of the query rows `i0..` (`q_rows`,
+/// `[rows, hd]`) over the keys `k0..` (`k_blk`, `[width, hd]`), into `probs` (`[rows, width]`).
+pub(crate) fn block_probs(
+    view: &KeyView<'_>,
+    q_rows: &[f32],
+    k_blk: &[f32],
+    (i0, k0): (usize, usize),
+    hd: usize,
+    probs: &mut [f32],
+) -> Result<(), dg_quant::QuantError> {
+    let (rows, width) = (q_rows.len() / hd, k_blk.len() / hd);
+    dg_quant::matmul_f32(q_rows, k_blk, rows, hd, width, true, probs)?;
+    for (i, row) in probs.chunks_exact_mut(width).enumerate() {
+        mask_row(view, i0 + i, k0, row);
+        ops::softmax_inplace(row);
+    }
+    Ok(())
 }
 
 /// Sets the scores of query row `i` (index into the pass's queries) over the keys `k0..` that

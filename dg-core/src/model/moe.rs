@@ -37,6 +37,18 @@ pub struct Routing {
 impl Router {
     /// Routes each of `rows` residual rows to `top_k` experts.
     pub fn route(&self, residual: &[f32], rows: usize) -> Result<Vec<Routing>, CoreError> {
+        let normed = self.normed_input(residual)?;
+        let scores = self.proj.forward(&normed, rows)?;
+        let experts = self.per_expert_scale.len();
+        Ok(scores
+            .chunks_exact(experts)
+            .map(|row| self.pick(row))
+            .collect())
+    }
+
+    /// The projection's input: the scale-free RMS norm of each residual row, times `scale`
+    /// and `hidden^-0.5` (the training backward recomputes the scores from it).
+    pub(crate) fn normed_input(&self, residual: &[f32]) -> Result<Vec<f32>, CoreError> {
         let hidden = self.scale.len();
         let root = (hidden as f32).powf(-0.5);
         let mut normed = alloc::zeroed(residual.len(), "router input [rows, hidden]")?;
@@ -46,12 +58,7 @@ impl Router {
                 *v = *v * s * root;
             }
         }
-        let scores = self.proj.forward(&normed, rows)?;
-        let experts = self.per_expert_scale.len();
-        Ok(scores
-            .chunks_exact(experts)
-            .map(|row| self.pick(row))
-            .collect())
+        Ok(normed)
     }
 
     fn pick(&self, scores: &[f32]) -> Routing {
@@ -90,6 +97,17 @@ impl Experts {
         rows: usize,
         routing: &[Routing],
     ) -> Result<Vec<f32>, CoreError> {
+        Ok(self.forward_keeping(x, rows, routing)?.0)
+    }
+
+    /// [`Experts::forward`], also returning the per-pair activations the training backward
+    /// reads.
+    pub(crate) fn forward_keeping(
+        &self,
+        x: &[f32],
+        rows: usize,
+        routing: &[Routing],
+    ) -> Result<(Vec<f32>, ExpertActivations), CoreError> {
         let pairs: Vec<(usize, usize)> = routing
             .iter()
             .enumerate()
@@ -122,6 +140,15 @@ impl Experts {
                 p += 1;
             }
         }
-        Ok(out)
+        Ok((out, ExpertActivations { gate_up, y }))
     }
+}
+
+/// The per-pair activations of [`Experts::forward`], pairs in routing order (token, then
+/// its experts highest score first).
+pub(crate) struct ExpertActivations {
+    /// Fused gate and up projections `[pairs, 2 * moe_dim]`, gate first.
+    pub(crate) gate_up: Vec<f32>,
+    /// Each chosen expert's output before its routing weight, `[pairs, hidden]`.
+    pub(crate) y: Vec<f32>,
 }

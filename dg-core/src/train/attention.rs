@@ -2,12 +2,10 @@
 //! recomputed a query block at a time exactly as the forward computes them, so no
 //! `[queries, keys]` matrix outlives its block.
 
-use dg_quant::ops;
-
 use super::grad::{matmul, matmul_tn};
 use super::shape_err;
 use crate::error::CoreError;
-use crate::model::attention::{mask_row, visible_keys, KeyView, QUERY_BLOCK};
+use crate::model::attention::{block_probs, visible_keys, KeyView, QUERY_BLOCK};
 
 /// Gradients of one query head's attention.
 pub(crate) struct HeadGrads {
@@ -42,11 +40,7 @@ pub(crate) fn attend_head_backward(
         let d_rows = &d_out[i0 * hd..(i0 + rows) * hd];
         let (k_blk, v_blk) = (&k[k0 * hd..k1 * hd], &v[k0 * hd..k1 * hd]);
         let mut p = vec![0.0f32; rows * width];
-        dg_quant::matmul_f32(q_rows, k_blk, rows, hd, width, true, &mut p).map_err(shape_err)?;
-        for (i, row) in p.chunks_exact_mut(width).enumerate() {
-            mask_row(view, i0 + i, k0, row);
-            ops::softmax_inplace(row);
-        }
+        block_probs(view, q_rows, k_blk, (i0, k0), hd, &mut p).map_err(shape_err)?;
         // dS = P * (dP - rowsum(P * dP)), dP = dO V^T.
         let mut ds = matmul(d_rows, v_blk, (rows, hd, width), true)?;
         for (ds, p) in ds.chunks_exact_mut(width).zip(p.chunks_exact(width)) {
@@ -77,7 +71,7 @@ pub(crate) fn attend_head_backward(
 mod tests {
     use super::super::grad::tests::{assert_grad, numeric_grad, values};
     use super::*;
-    use crate::model::attention::{attend_head, AttentionMask};
+    use crate::model::attention::{attend_head, mask_row, AttentionMask};
 
     /// `<softmax(mask(q k^T)) v, g>` in f64.
     fn objective(q: &[f64], k: &[f64], v: &[f64], g: &[f32], hd: usize, view: &KeyView) -> f64 {

@@ -18,7 +18,7 @@ use crate::lora::LoraFactors;
 use crate::model::attention::{attend_head, AttentionMask, KeyView};
 use crate::model::layer::Layer;
 use crate::model::linear::Linear;
-use crate::model::moe::Routing;
+use crate::model::moe::{ExpertActivations, Routing};
 
 /// Index of each adapted module in [`LayerLora::factors`] and [`LayerGrads`]
 /// (`DEFAULT_LORA_KEYS` order).
@@ -255,42 +255,10 @@ pub(crate) fn forward(
     let dense = adapted_forward(&mlp.down_proj, lora.factors[DOWN], s, &act, rows)?;
     let dense_n = norm(&dense, &layer.post_feedforward_layernorm_1, eps);
 
-    // As `Experts::forward`, keeping the per-pair activations.
     let routing = layer.router.route(&mid, rows)?;
     let moe_in = norm(&mid, &layer.pre_feedforward_layernorm_2, eps);
-    let experts = &layer.experts;
-    let pairs: Vec<(usize, usize)> = routing
-        .iter()
-        .enumerate()
-        .flat_map(|(t, r)| r.experts.iter().map(move |&e| (t, e)))
-        .collect();
-    let gate_up = experts.gate_up_proj.forward_pairs(&moe_in, rows, &pairs)?;
-    let m = experts.moe_dim;
-    let mut moe_act = vec![0.0f32; pairs.len() * m];
-    for (a, gu) in moe_act.chunks_exact_mut(m).zip(gate_up.chunks_exact(2 * m)) {
-        a.copy_from_slice(&gu[..m]);
-        ops::geglu_inplace(a, &gu[m..]);
-    }
-    let down_pairs: Vec<(usize, usize)> = pairs
-        .iter()
-        .enumerate()
-        .map(|(p, &(_, e))| (p, e))
-        .collect();
-    let y = experts
-        .down_proj
-        .forward_pairs(&moe_act, pairs.len(), &down_pairs)?;
-    let hidden = experts.down_proj.out_dim;
-    let mut moe = vec![0.0f32; rows * hidden];
-    let mut p = 0;
-    for (t, r) in routing.iter().enumerate() {
-        let o = &mut moe[t * hidden..(t + 1) * hidden];
-        for &w in &r.weights {
-            for (o, v) in o.iter_mut().zip(&y[p * hidden..(p + 1) * hidden]) {
-                *o += v * w;
-            }
-            p += 1;
-        }
-    }
+    let (moe, ExpertActivations { gate_up, y }) =
+        layer.experts.forward_keeping(&moe_in, rows, &routing)?;
     let mut sum = norm(&moe, &layer.post_feedforward_layernorm_2, eps);
     add_into(&mut sum, &dense_n);
     let ffn = norm(&sum, &layer.post_feedforward_layernorm, eps);
@@ -612,15 +580,9 @@ fn ffn_backward(
 
     // Router: scores recomputed as `Router::route` computes them; the projection is frozen.
     let router = &layer.router;
-    let root = (hidden as f32).powf(-0.5);
-    let mut normed = vec![0.0f32; t.mid.len()];
-    ops::rms_norm_rows(&t.mid, hidden, None, router.eps, &mut normed);
-    for row in normed.chunks_exact_mut(hidden) {
-        for (v, s) in row.iter_mut().zip(&router.scale) {
-            *v = *v * s * root;
-        }
-    }
-    let scores = router.proj.forward_base(&normed, rows)?;
+    let scores = router
+        .proj
+        .forward_base(&router.normed_input(&t.mid)?, rows)?;
     let n_experts = router.per_expert_scale.len();
     let mut d_scores = vec![0.0f32; rows * n_experts];
     for (r, routing) in t.routing.iter().enumerate() {
@@ -633,6 +595,7 @@ fn ffn_backward(
         );
     }
     let d_normed = router.proj.forward_transposed(&d_scores, rows)?;
+    let root = (hidden as f32).powf(-0.5);
     let w: Vec<f32> = router.scale.iter().map(|s| s * root).collect();
     add_into(
         d_mid,
