@@ -169,7 +169,7 @@ const SIDECAR: &str = "optiq/optiq_vision.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
 fn sidecar_fixture() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny-vision-sidecar")
+    dg_testkit::model_dir("tiny-vision-sidecar")
 }
 
 fn copy_dir(src: &Path, dst: &Path) {
@@ -296,7 +296,7 @@ fn wrong_paths_say_what_to_do() {
     );
     let other = tmp.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny");
+    let fixture = dg_testkit::model_dir("tiny");
     let config = std::fs::read_to_string(fixture.join("config.json")).unwrap();
     std::fs::write(
         other.join("config.json"),

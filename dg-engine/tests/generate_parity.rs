@@ -14,7 +14,8 @@ use serde_json::Value;
 
 mod common;
 
-use common::{check_generation, fixtures, golden_request as request, goldens, ids, Seen};
+use common::{check_generation, golden_request as request, goldens, Seen};
+use dg_testkit::{fixtures, ids};
 
 #[test]
 fn generations_match_reference_token_for_token() {

@@ -6,11 +6,7 @@ use std::path::{Path, PathBuf};
 use dg_core::checkpoint::files_mapped_by_this_thread;
 use dg_engine::DiffusionGemma;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(name)
-}
+use dg_testkit::model_dir as fixture;
 
 /// Files mapped while loading `name` (loading maps on the caller's thread).
 fn maps_to_load(name: &str) -> usize {

@@ -15,7 +15,8 @@ use serde_json::Value;
 
 mod common;
 
-use common::{check_generation, fixtures, golden_request, ids, load_json, Seen, Tensors};
+use common::{check_generation, golden_request, Seen};
+use dg_testkit::{fixtures, ids, load_json, Tensors};
 
 const LOGIT_BOUND: f32 = 1e-3;
 const ADAPTERS: [&str; 2] = ["tiny-trained", "tiny-random"];

@@ -8,8 +8,9 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{key_of, load_json, usizes, Tensors};
+use common::key_of;
 use dg_engine::rng::{self, Key, Rng};
+use dg_testkit::{load_json, usizes, Tensors};
 use serde_json::Value;
 
 fn i32_of(v: &Value) -> i32 {

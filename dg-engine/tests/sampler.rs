@@ -12,10 +12,11 @@
 
 mod common;
 
-use common::{key_of, load_json, usizes, Tensors};
+use common::key_of;
 use dg_engine::mlx_math;
 use dg_engine::rng::Rng;
 use dg_engine::sampler::{self, StabilityStop};
+use dg_testkit::{load_json, usizes, Tensors};
 use serde_json::Value;
 
 fn as_usize(v: &Value) -> usize {

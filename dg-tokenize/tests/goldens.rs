@@ -18,11 +18,7 @@ fn root() -> PathBuf {
 
 fn goldens() -> &'static Value {
     static G: OnceLock<Value> = OnceLock::new();
-    G.get_or_init(|| {
-        let path = root().join("tests/fixtures/goldens/tokenize.json");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-        serde_json::from_str(&text).expect("tokenize.json is JSON")
-    })
+    G.get_or_init(|| dg_testkit::load_json("tokenize.json"))
 }
 
 fn tokenizer() -> &'static Tokenizer {

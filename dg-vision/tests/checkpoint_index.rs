@@ -12,11 +12,7 @@ const SIDECAR: &str = "optiq/optiq_vision.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
 fn sidecar_fixture() -> PathBuf {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/models/tiny-vision-sidecar"
-    ))
-    .to_path_buf()
+    dg_testkit::model_dir("tiny-vision-sidecar")
 }
 
 fn copy_dir(src: &Path, dst: &Path) {
