@@ -3,9 +3,7 @@
 //! panic at the first generate, or a silently truncated value. Each case copies a committed
 //! fixture checkpoint into a temporary directory and edits one field.
 
-
 use dg_engine::{DiffusionGemma, EngineError};
-
 use dg_testkit::model_dir as fixture;
 
 /// A copy of a fixture checkpoint with `edit` applied to its `file`.

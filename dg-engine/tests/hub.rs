@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dg_engine::{DiffusionGemma, EngineError, Request};
-
 use dg_testkit::model_dir as fixture;
 
 /// A fresh directory, removed when dropped (one per test: the tests run in parallel).

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use dg_core::checkpoint::{Checkpoint, FloatView};
 use dg_core::config::QuantizationConfig;
-use dg_core::model::linear::{Clip, Linear, PlainWeights, Storage};
+use dg_core::model::{Clip, Linear, PlainWeights, Storage};
 
 use crate::config::VisionConfig;
 use crate::error::{Result, VisionError};

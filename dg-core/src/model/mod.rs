@@ -2,15 +2,18 @@
 //! prompt (and each committed block) into the [`KvCache`]; the decoder runs a canvas over the
 //! cache bidirectionally and returns vocabulary logits through the tied, soft-capped head.
 
-pub mod attention;
-pub mod batch;
-pub mod cache;
-pub mod layer;
-pub mod linear;
-pub mod mlp;
-pub mod moe;
-pub mod rope;
-pub mod self_conditioning;
+// The layers and their weights are this crate's business (their `pub` items reach no further
+// than this crate): other crates see the model, its cache and inputs, and the linear type the
+// vision tower shares.
+pub(crate) mod attention;
+pub(crate) mod batch;
+pub(crate) mod cache;
+pub(crate) mod layer;
+pub(crate) mod linear;
+pub(crate) mod mlp;
+pub(crate) mod moe;
+pub(crate) mod rope;
+pub(crate) mod self_conditioning;
 
 mod load;
 
@@ -20,12 +23,12 @@ use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
 use crate::lora::{split_module_path, Adapter, DEFAULT_LORA_KEYS};
 use attention::AttentionMask;
-use batch::Segments;
-use cache::{KvCache, LayerCache};
 use layer::{Layer, Pass};
-use linear::Linear;
 use self_conditioning::SelfConditioningBlock;
 
+pub use batch::Segments;
+pub use cache::{KvCache, LayerCache};
+pub use linear::{Clip, Linear, PlainWeights, Storage};
 pub use load::{sanitize_options, LoadProgress};
 
 /// What the decoder's self-conditioning input is for one canvas pass.
