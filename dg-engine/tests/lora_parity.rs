@@ -10,7 +10,8 @@
 
 use std::ops::ControlFlow;
 
-use dg_engine::{Adapter, DiffusionGemma, EngineError, SelfConditioning};
+use dg_engine::research::SelfConditioning;
+use dg_engine::{Adapter, DiffusionGemma, EngineError};
 use serde_json::Value;
 
 mod common;

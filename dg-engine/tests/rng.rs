@@ -1,4 +1,4 @@
-//! Bit-exact parity of `dg_engine::rng` with mlx 0.32.4 (CPU).
+//! Bit-exact parity of `dg_engine::research::rng` with mlx 0.32.4 (CPU).
 //!
 //! Goldens: `tests/fixtures/goldens/rng.{safetensors,json}`, written by
 //! `tools/reference/dump_rng_goldens.py`. Every value must be identical (integers exactly, f32 by
@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::key_of;
-use dg_engine::rng::{self, Key, Rng};
+use dg_engine::research::rng::{self, Key, Rng};
 use dg_testkit::{load_json, usizes, Tensors};
 use serde_json::Value;
 

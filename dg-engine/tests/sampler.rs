@@ -1,5 +1,5 @@
-//! Parity of `dg_engine::sampler` (and the MLX kernels of `mlx_math`) with mlx-optiq 0.7.7's
-//! `optiq/vlm/_mlxvlm/generate/diffusion.py` on mlx 0.32.4 (CPU, float32).
+//! Parity of `dg_engine::research::sampler` (and the MLX kernels of `mlx_math`) with mlx-optiq
+//! 0.7.7's `optiq/vlm/_mlxvlm/generate/diffusion.py` on mlx 0.32.4 (CPU, float32).
 //!
 //! Goldens: `tests/fixtures/goldens/sampler.{safetensors,json}`, written by
 //! `tools/reference/dump_sampler_goldens.py`, which calls the reference's own functions.
@@ -13,9 +13,9 @@
 mod common;
 
 use common::key_of;
-use dg_engine::mlx_math;
-use dg_engine::rng::Rng;
-use dg_engine::sampler::{self, StabilityStop};
+use dg_engine::research::mlx_math;
+use dg_engine::research::rng::Rng;
+use dg_engine::research::sampler::{self, StabilityStop};
 use dg_testkit::{load_json, usizes, Tensors};
 use serde_json::Value;
 

@@ -2,7 +2,7 @@
 //! files themselves load through dg-testkit. (Each test binary uses a different subset.)
 #![allow(dead_code)]
 
-use dg_engine::rng::Key;
+use dg_engine::research::rng::Key;
 use dg_engine::{
     Defaults, Event, FinishReason, Generation, GenerationSettings, Message, Request, Sampler,
 };
