@@ -1606,7 +1606,7 @@ impl Target for TemplateTarget {
     }
 
     fn run(&mut self, input: &TemplateInput) -> Result<(), String> {
-        let err = |e: dg_tokenize::Error| e.to_string();
+        let err = |e: dg_tokenize::TokenizeError| e.to_string();
         let text = match &input.source {
             Some(source) => dg_tokenize::ChatTemplate::new(source.clone())
                 .map_err(err)?
@@ -1771,7 +1771,7 @@ impl Target for TokenizerTarget {
     }
 
     fn run(&mut self, input: &TokenizerInput) -> Result<(), String> {
-        let err = |e: dg_tokenize::Error| e.to_string();
+        let err = |e: dg_tokenize::TokenizeError| e.to_string();
         match input {
             TokenizerInput::Encode {
                 text,

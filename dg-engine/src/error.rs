@@ -28,7 +28,7 @@ pub enum EngineError {
     OutOfMemory(#[from] dg_quant::alloc::OutOfMemory),
     /// Tokenizer, chat template or detokenizer failed.
     #[error(transparent)]
-    Tokenize(#[from] dg_tokenize::Error),
+    Tokenize(#[from] dg_tokenize::TokenizeError),
     /// An image could not be read or encoded.
     #[error(transparent)]
     #[cfg(feature = "vision")]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 /// Everything that can go wrong in dg-tokenize. Each variant names the file, field or token at fault.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum TokenizeError {
     /// A checkpoint file is missing, not a regular file, or over its size cap.
     #[error(transparent)]
     File(#[from] dg_files::FileError),
@@ -105,11 +105,11 @@ pub enum Error {
 }
 
 /// Result alias for this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = TokenizeError> = std::result::Result<T, E>;
 
-impl Error {
+impl TokenizeError {
     pub(crate) fn field(path: &std::path::Path, field: &str, message: impl Into<String>) -> Self {
-        Error::Field {
+        TokenizeError::Field {
             path: path.to_path_buf(),
             field: field.to_string(),
             message: message.into(),
@@ -125,7 +125,7 @@ impl Error {
             message.push_str(&s.to_string());
             source = s.source();
         }
-        Error::Template {
+        TokenizeError::Template {
             name: name.to_string(),
             message,
         }
