@@ -29,28 +29,32 @@ pub enum TokenizeError {
         message: String,
     },
     /// The `tokenizers` library rejected tokenizer.json (or our adjustment of it).
-    #[error("loading tokenizer {path}: {message}")]
+    #[error("loading tokenizer {path}: {source}")]
     TokenizerLoad {
         /// The tokenizer.json file.
         path: PathBuf,
-        /// The library's message.
-        message: String,
+        /// The library's error, or what is wrong with the vocabulary.
+        #[source]
+        source: BoxError,
     },
-    /// Encoding text failed inside `tokenizers`.
-    #[error("encoding text ({chars} chars): {message}")]
+    /// Encoding text failed inside `tokenizers` (or kept-literal special tokens could not be
+    /// marked).
+    #[error("encoding text ({chars} chars): {source}")]
     Encode {
         /// Length of the text in chars.
         chars: usize,
-        /// The library's message.
-        message: String,
+        /// The library's error, or what went wrong.
+        #[source]
+        source: BoxError,
     },
     /// Decoding ids failed inside `tokenizers`.
-    #[error("decoding {len} token ids: {message}")]
+    #[error("decoding {len} token ids: {source}")]
     Decode {
         /// Number of ids.
         len: usize,
-        /// The library's message.
-        message: String,
+        /// The library's error.
+        #[source]
+        source: BoxError,
     },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
@@ -83,12 +87,13 @@ pub enum TokenizeError {
         dir: PathBuf,
     },
     /// A chat message or tool could not be turned into template values.
-    #[error("serializing {what} for the chat template: {message}")]
+    #[error("serializing {what} for the chat template: {source}")]
     Serialize {
         /// The value at fault (a message or tool).
         what: String,
-        /// The serializer's message.
-        message: String,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// Image placeholders in the prompt and per-image token counts disagree.
     #[error(
@@ -103,6 +108,9 @@ pub enum TokenizeError {
         image_token_id: u32,
     },
 }
+
+/// The error `tokenizers` returns (its `tokenizers::Error`), or a message of ours in its place.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Result alias for this crate.
 pub type Result<T, E = TokenizeError> = std::result::Result<T, E>;

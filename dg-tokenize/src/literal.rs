@@ -37,7 +37,7 @@ pub(crate) fn pick_marker<'a>(inputs: impl IntoIterator<Item = &'a str>) -> Resu
         .find(|c| !used.contains(c))
         .ok_or_else(|| TokenizeError::Encode {
             chars: used.len(),
-            message: "literal special tokens: the messages use every private-use character, \
+            source: "literal special tokens: the messages use every private-use character, \
                       none is left to mark their special-token strings"
                 .into(),
         })
@@ -132,7 +132,7 @@ impl<'a> Masker<'a> {
     fn restore(&self, text: &str) -> Result<String> {
         let broken = || TokenizeError::Encode {
             chars: text.chars().count(),
-            message: "literal special tokens: the chat template cut a placeholder of a \
+            source: "literal special tokens: the chat template cut a placeholder of a \
                       special-token string in a message"
                 .into(),
         };
@@ -168,7 +168,7 @@ impl<'a> Masker<'a> {
                 .encode(text.as_str(), false)
                 .map_err(|e| TokenizeError::Encode {
                     chars: text.chars().count(),
-                    message: e.to_string(),
+                    source: e,
                 })?;
             ids.extend_from_slice(enc.get_ids());
             Ok(())

@@ -78,7 +78,8 @@ impl PieceTable {
         if let Some((piece, id)) = vocab.iter().find(|(_, &id)| id as usize >= MAX_TOKEN_IDS) {
             return Err(TokenizeError::TokenizerLoad {
                 path: path.to_owned(),
-                message: format!("token `{piece}` has id {id}, over the limit of {MAX_TOKEN_IDS}"),
+                source: format!("token `{piece}` has id {id}, over the limit of {MAX_TOKEN_IDS}")
+                    .into(),
             });
         }
         let len = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
@@ -326,7 +327,7 @@ impl StreamDetokenizer {
             .decode(ids, false)
             .map_err(|e| TokenizeError::Decode {
                 len: ids.len(),
-                message: e.to_string(),
+                source: e,
             })
     }
 

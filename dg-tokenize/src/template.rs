@@ -213,10 +213,11 @@ impl ChatTemplate {
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), v.clone());
         }
-        let messages = serde_json::to_value(messages).map_err(|e| TokenizeError::Serialize {
-            what: "messages".into(),
-            message: e.to_string(),
-        })?;
+        let messages =
+            serde_json::to_value(messages).map_err(|source| TokenizeError::Serialize {
+                what: "messages".into(),
+                source,
+            })?;
         ctx.insert("messages".into(), messages);
         ctx.insert(
             "tools".into(),

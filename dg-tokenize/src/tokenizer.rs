@@ -280,7 +280,7 @@ impl Tokenizer {
         let mut inner: tokenizers::Tokenizer =
             serde_json::from_value(json).map_err(|e| TokenizeError::TokenizerLoad {
                 path: path.clone(),
-                message: e.to_string(),
+                source: e.into(),
             })?;
 
         // Named / extra special tokens that tokenizer.json does not already declare.
@@ -345,7 +345,7 @@ impl Tokenizer {
                 .encode(text, add_special_tokens)
                 .map_err(|e| TokenizeError::Encode {
                     chars: text.chars().count(),
-                    message: e.to_string(),
+                    source: e,
                 })?;
         Ok(enc.get_ids().to_vec())
     }
@@ -359,7 +359,7 @@ impl Tokenizer {
                 .encode(text, add_special_tokens)
                 .map_err(|e| TokenizeError::Encode {
                     chars: text.chars().count(),
-                    message: e.to_string(),
+                    source: e,
                 })?;
         Ok(enc.get_ids().to_vec())
     }
@@ -385,7 +385,7 @@ impl Tokenizer {
                 .decode(ids, skip_special_tokens)
                 .map_err(|e| TokenizeError::Decode {
                     len: ids.len(),
-                    message: e.to_string(),
+                    source: e,
                 })?;
         // transformers never applies its WordPiece-era cleanup to BPE models.
         Ok(if self.clean_up_spaces && !self.model_is_bpe {
@@ -533,9 +533,9 @@ impl Tokenizer {
 }
 
 fn json_text(what: &str, value: &impl serde::Serialize) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| TokenizeError::Serialize {
+    serde_json::to_string(value).map_err(|source| TokenizeError::Serialize {
         what: what.into(),
-        message: e.to_string(),
+        source,
     })
 }
 
