@@ -4,9 +4,9 @@
 //! and tests; the committed parity fixtures come from the reference's own writer
 //! (tools/reference/make_checkpoints.py).
 //!
-//! The weights follow the fixture recipe of REFERENCE.md in spirit (heavy-tailed tied embedding
-//! rows, signed final-norm weights, soft attention, small branch outputs, a damped
-//! self-conditioning projection) so predictions are peaked rather than uniform.
+//! The weights follow the fixtures' recipe (tools/reference/README.md) in spirit (heavy-tailed
+//! tied embedding rows, signed final-norm weights, soft attention, small branch outputs, a
+//! damped self-conditioning projection) so predictions are peaked rather than uniform.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -7,8 +7,8 @@
 //! Against our own single-sequence passes the bound is tighter, 1e-5 x max: only the row
 //! count of each product changes, which at most picks a kernel with another summation order.
 //!
-//! The equal-length case guards the bug of ../shared/seeds/002 (batches whose rows needed no
-//! padding ran without their causal masks): every sequence gets its mask in every batch.
+//! The equal-length case guards a past bug (batches whose rows needed no padding ran without
+//! their causal masks): every sequence gets its mask in every batch.
 
 use dg_core::{DecoderInput, EncoderInput, KvCache, SelfConditioning, TextModel};
 use dg_testkit::{assert_close, assert_logits, max_abs_diff, model_dir, Tensors};
