@@ -218,10 +218,10 @@ impl TextModel {
         Ok(out.pop().expect("one output per input"))
     }
 
-    /// Encoder pass over several sequences at once, each appended to its own cache (see
-    /// [`batch`]). Returns each sequence's final-normed hidden states `[len, hidden]`.
-    /// `observe` sees each layer's packed output. Every input is checked before any cache
-    /// changes.
+    /// Encoder pass over several sequences at once, packed one after another (no padding),
+    /// each appended to its own cache. Returns each sequence's final-normed hidden states
+    /// `[len, hidden]`. `observe` sees each layer's packed output and the sequences' rows in it
+    /// ([`Segments`]). Every input is checked before any cache changes.
     pub fn encode_batch(
         &self,
         inputs: &mut [EncoderInput<'_>],
@@ -329,7 +329,8 @@ impl TextModel {
         Ok(out.pop().expect("one output per input"))
     }
 
-    /// Decoder passes of several canvases at once (see [`batch`]), each over its own cache.
+    /// Decoder passes of several canvases at once, packed like
+    /// [`encode_batch`](Self::encode_batch), each over its own cache.
     /// Returns each canvas's soft-capped logits `[canvas, vocab]`.
     pub fn decode_batch(&self, inputs: &[DecoderInput<'_>]) -> Result<Vec<Vec<f32>>, CoreError> {
         let (hidden, segments) = self.decode_hidden_batch(inputs)?;
