@@ -150,8 +150,8 @@ fn mlx_math_is_bit_exact() {
 
     let (shape, x) = g.t.f32_shaped("math_lse_x");
     let (_, want) = g.t.f32_shaped("math_lse");
-    let ours = sampler::logsumexp_rows(&x, shape[1]).unwrap();
-    assert_eq!(bits(&ours), bits(&want), "logsumexp");
+    let ours = sampler::logsumexp_rows(x, shape[1]).unwrap();
+    assert_eq!(bits(&ours), bits(want), "logsumexp");
 }
 
 #[test]
@@ -190,13 +190,13 @@ fn per_case_outputs_match_reference() {
         if case["full"].as_bool().unwrap() {
             full_cases += 1;
             let (_, want) = g.t.f32_shaped(&format!("{p}processed"));
-            assert_eq!(bits(&logits), bits(&want), "{name}: processed logits");
+            assert_eq!(bits(&logits), bits(want), "{name}: processed logits");
             let (_, probs) = sampler::entropy_and_probs(&logits, v).unwrap();
             let (_, want) = g.t.f32_shaped(&format!("{p}chain_probs"));
-            assert_eq!(bits(&probs), bits(&want), "{name}: entropy-chain probs");
+            assert_eq!(bits(&probs), bits(want), "{name}: entropy-chain probs");
             let soft = sampler::softmax_precise(&logits, v).unwrap();
             let (_, want) = g.t.f32_shaped(&format!("{p}softmax_probs"));
-            assert_eq!(bits(&soft), bits(&want), "{name}: softmax probs");
+            assert_eq!(bits(&soft), bits(want), "{name}: softmax probs");
             values_checked += 3 * logits.len();
         }
 
@@ -347,14 +347,14 @@ fn direct_masks_match_reference() {
                     .collect();
                 let thr = py_float(&e["threshold"]);
                 let force_all = e["force_all"].as_bool().unwrap();
-                sampler::confidence_transfer_mask(&input, &unrevealed, l, thr, force_all).unwrap()
+                sampler::confidence_transfer_mask(input, &unrevealed, l, thr, force_all).unwrap()
             }
             _ => {
                 ent += 1;
-                sampler::entropy_transfer_mask(&input, l, py_float(&e["bound"])).unwrap()
+                sampler::entropy_transfer_mask(input, l, py_float(&e["bound"])).unwrap()
             }
         };
-        assert_eq!(ours, mask_of(&want), "{e}");
+        assert_eq!(ours, mask_of(want), "{e}");
     }
     assert!(conf >= 40 && ent >= 20, "{conf} confidence, {ent} entropy");
 }

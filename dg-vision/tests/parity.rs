@@ -120,7 +120,7 @@ fn resized_images_match_pillow_bit_for_bit() {
         // From Pillow's decoded pixels, so that the resize is tested on its own (JPEG decoding
         // differs, see decoded_pixels_match_pillow).
         let (dshape, decoded) = g.u8_shaped(&format!("{key}.decoded"));
-        let p = proc.prepare_rgb(dshape[1], dshape[0], &decoded).unwrap();
+        let p = proc.prepare_rgb(dshape[1], dshape[0], decoded).unwrap();
         if !file.ends_with(".jpg") {
             let from_file = proc
                 .prepare_path(fixtures().join("images").join(file))
@@ -179,7 +179,7 @@ fn resampler_matches_pillow_on_random_images() {
         let key = case["key"].as_str().unwrap();
         let (ishape, src) = g.u8_shaped(&format!("{key}.in"));
         let (oshape, want) = g.u8_shaped(&format!("{key}.out"));
-        let got = dg_vision::resize_bicubic_rgb8(&src, ishape[0], ishape[1], oshape[0], oshape[1])
+        let got = dg_vision::resize_bicubic_rgb8(src, ishape[0], ishape[1], oshape[0], oshape[1])
             .unwrap();
         let n_diff = got.iter().zip(want).filter(|(a, b)| a != b).count();
         assert_eq!(
@@ -220,11 +220,11 @@ fn check_layout(layout: &str, model: &VisionModel) {
         let file = img["file"].as_str().unwrap();
         let key = img["key"].as_str().unwrap();
         let (dshape, decoded) = pre.u8_shaped(&format!("{}.decoded", file.replace('.', "_")));
-        let p = proc.prepare_rgb(dshape[1], dshape[0], &decoded).unwrap();
+        let p = proc.prepare_rgb(dshape[1], dshape[0], decoded).unwrap();
 
         let (_, want_embed) = g.f32_shaped(&format!("{key}.patch_embed_head"));
         let embed = model.embed_patches(&p).unwrap();
-        let (rel, abs) = rel_err(&embed[..want_embed.len()], &want_embed, 64);
+        let (rel, abs) = rel_err(&embed[..want_embed.len()], want_embed, 64);
         eprintln!("{layout} {file}: patch embeddings rel {rel:.2e} (abs {abs:.2e})");
         assert!(
             rel <= FEATURE_TOL,
@@ -239,7 +239,7 @@ fn check_layout(layout: &str, model: &VisionModel) {
                 shape,
                 "{layout} {file}: tower shape"
             );
-            let (rel, abs) = rel_err(&t.data, &want, t.hidden);
+            let (rel, abs) = rel_err(&t.data, want, t.hidden);
             eprintln!("{layout} {file}: tower rel {rel:.2e} (abs {abs:.2e})");
             assert!(rel <= FEATURE_TOL, "{layout} {file}: tower rel error {rel}");
         }
@@ -251,7 +251,7 @@ fn check_layout(layout: &str, model: &VisionModel) {
             "{layout} {file}: features shape"
         );
         assert_eq!(f.tokens, p.soft_tokens);
-        let (rel, abs) = rel_err(&f.data, &want, f.hidden);
+        let (rel, abs) = rel_err(&f.data, want, f.hidden);
         eprintln!("{layout} {file}: features rel {rel:.2e} (abs {abs:.2e})");
         assert!(
             rel <= FEATURE_TOL,
@@ -275,7 +275,7 @@ fn the_uint32_quirk_changes_the_features() {
     let g = Tensors::load("vision_features.safetensors");
     let (_, inline) = g.f32_shaped("inline.normal_png.features");
     let (_, sidecar) = g.f32_shaped("sidecar.normal_png.features");
-    let (rel, _) = rel_err(&inline, &sidecar, 64);
+    let (rel, _) = rel_err(inline, sidecar, 64);
     assert!(
         rel > 0.5,
         "inline and sidecar features are too alike ({rel})"
