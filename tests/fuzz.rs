@@ -282,24 +282,10 @@ fn fuzz<T: Target>() {
 // Fixtures and generators shared by the targets
 // ---------------------------------------------------------------------------------------------
 
-/// Copies a directory tree.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let dest = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &dest);
-        } else {
-            std::fs::copy(entry.path(), dest).unwrap();
-        }
-    }
-}
-
 /// A writable copy of a fixture checkpoint.
 fn checkpoint_copy(root: &Path, model: &str) -> PathBuf {
     let dir = root.join(model);
-    copy_tree(&dg_testkit::model_dir(model), &dir);
+    dg_testkit::copy_dir(&dg_testkit::model_dir(model), &dir);
     dir
 }
 

@@ -23,6 +23,58 @@ pub fn model_dir(name: &str) -> PathBuf {
     fixtures().join("models").join(name)
 }
 
+/// The vision sidecar of the `tiny-vision-sidecar` fixture, as its index names it (relative to
+/// the checkpoint directory, as OptiQ's sidecar revision writes it).
+pub const SIDECAR: &str = "optiq/optiq_vision.safetensors";
+
+/// A checkpoint's shard index.
+pub const INDEX: &str = "model.safetensors.index.json";
+
+/// Copies a directory tree (a fixture, to edit the copy).
+pub fn copy_dir(src: &Path, dst: &Path) {
+    try_copy_dir(src, dst)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), dst.display()));
+}
+
+fn try_copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let to = dst.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            try_copy_dir(&entry.path(), &to)?;
+        } else {
+            std::fs::copy(entry.path(), to)?;
+        }
+    }
+    Ok(())
+}
+
+/// A copy of the `tiny-vision-sidecar` fixture at `<tmp>/ckpt` whose index names `file` in place
+/// of [`SIDECAR`] for every tower tensor.
+pub fn sidecar_copy(file: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let dir = tmp.path().join("ckpt");
+    copy_dir(&model_dir("tiny-vision-sidecar"), &dir);
+    let path = dir.join(INDEX);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut index: Value = serde_json::from_str(&text).expect("the fixture's index is JSON");
+    let mut renamed = 0;
+    for v in index["weight_map"]
+        .as_object_mut()
+        .expect("a weight_map object")
+        .values_mut()
+    {
+        if v == SIDECAR {
+            *v = file.into();
+            renamed += 1;
+        }
+    }
+    assert!(renamed > 0, "the fixture's index names no {SIDECAR}");
+    std::fs::write(&path, index.to_string()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (tmp, dir)
+}
+
 /// A golden file: `tests/fixtures/goldens/<file>`.
 pub fn golden_path(file: &str) -> PathBuf {
     fixtures().join("goldens").join(file)
