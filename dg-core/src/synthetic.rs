@@ -497,8 +497,10 @@ fn gpt2_byte_chars() -> Vec<char> {
 
 fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<(), CoreError> {
     let path = dir.join(name);
-    let text =
-        serde_json::to_string_pretty(value).map_err(|e| CoreError::InvalidInput(e.to_string()))?;
+    let text = serde_json::to_string_pretty(value).map_err(|source| CoreError::Json {
+        path: path.clone(),
+        source,
+    })?;
     std::fs::write(&path, text).map_err(|source| CoreError::Io { path, source })
 }
 
