@@ -165,44 +165,10 @@ fn not_a_checkpoint_directory() {
 // that way). Both loaders (dg-core's text checkpoint, dg-vision's tower) resolve such a name
 // against the directory and refuse one that leaves it.
 
-const SIDECAR: &str = "optiq/optiq_vision.safetensors";
-const INDEX: &str = "model.safetensors.index.json";
+use dg_testkit::{sidecar_copy, INDEX, SIDECAR};
 
 fn sidecar_fixture() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny-vision-sidecar")
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), to).unwrap();
-        }
-    }
-}
-
-/// A copy of the sidecar fixture at `<tmp>/ckpt` whose index names `file` for the tower.
-fn sidecar_copy(file: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    copy_dir(&sidecar_fixture(), &dir);
-    let path = dir.join(INDEX);
-    let mut index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let mut renamed = 0;
-    for v in index["weight_map"].as_object_mut().unwrap().values_mut() {
-        if v == SIDECAR {
-            *v = file.into();
-            renamed += 1;
-        }
-    }
-    assert!(renamed > 0, "the fixture's index names no {SIDECAR}");
-    std::fs::write(&path, index.to_string()).unwrap();
-    (tmp, dir)
+    dg_testkit::model_dir("tiny-vision-sidecar")
 }
 
 fn text_checkpoint_err(dir: &Path) -> String {
@@ -296,7 +262,7 @@ fn wrong_paths_say_what_to_do() {
     );
     let other = tmp.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny");
+    let fixture = dg_testkit::model_dir("tiny");
     let config = std::fs::read_to_string(fixture.join("config.json")).unwrap();
     std::fs::write(
         other.join("config.json"),

@@ -3,15 +3,8 @@
 //! panic at the first generate, or a silently truncated value. Each case copies a committed
 //! fixture checkpoint into a temporary directory and edits one field.
 
-use std::path::{Path, PathBuf};
-
 use dg_engine::{DiffusionGemma, EngineError};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
+use dg_testkit::model_dir as fixture;
 
 /// A copy of a fixture checkpoint with `edit` applied to its `file`.
 fn edited(model: &str, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use dg_testkit::fixtures;
 use serde_json::{json, Map, Value};
 
 // ---------------------------------------------------------------------------------------------
@@ -281,32 +282,10 @@ fn fuzz<T: Target>() {
 // Fixtures and generators shared by the targets
 // ---------------------------------------------------------------------------------------------
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn model_fixture(name: &str) -> PathBuf {
-    fixtures().join("models").join(name)
-}
-
-/// Copies a directory tree.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let dest = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &dest);
-        } else {
-            std::fs::copy(entry.path(), dest).unwrap();
-        }
-    }
-}
-
 /// A writable copy of a fixture checkpoint.
 fn checkpoint_copy(root: &Path, model: &str) -> PathBuf {
     let dir = root.join(model);
-    copy_tree(&model_fixture(model), &dir);
+    dg_testkit::copy_dir(&dg_testkit::model_dir(model), &dir);
     dir
 }
 
@@ -874,7 +853,7 @@ impl Target for ConfigTarget {
                 "generation_config.json",
                 "tokenizer_config.json",
             ] {
-                let text = std::fs::read_to_string(model_fixture(m).join(file)).unwrap();
+                let text = std::fs::read_to_string(dg_testkit::model_dir(m).join(file)).unwrap();
                 let v: Value = serde_json::from_str(&text).unwrap();
                 pool.add(&v);
                 seeds.push((m, file, v));
@@ -923,7 +902,7 @@ impl Target for ConfigTarget {
         let path = dir.join(input.file);
         std::fs::write(&path, &input.text).unwrap();
         let result = run_config(dir, &path, input);
-        std::fs::copy(model_fixture(model).join(input.file), &path).unwrap();
+        std::fs::copy(dg_testkit::model_dir(model).join(input.file), &path).unwrap();
         result
     }
 }
@@ -1023,7 +1002,7 @@ impl Target for SafetensorsTarget {
         for &(model, names) in files {
             dirs.insert(model, checkpoint_copy(root.path(), model));
             for &file in names {
-                let bytes = std::fs::read(model_fixture(model).join(file)).unwrap();
+                let bytes = std::fs::read(dg_testkit::model_dir(model).join(file)).unwrap();
                 let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
                 let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
                 pool.add(&header);
@@ -1081,7 +1060,7 @@ impl Target for SafetensorsTarget {
             _ => s.data.len(),
         };
         let index = rng.one_in(8).then(|| {
-            let path = model_fixture(s.model).join("model.safetensors.index.json");
+            let path = dg_testkit::model_dir(s.model).join("model.safetensors.index.json");
             let mut doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
             for _ in 0..1 + rng.size(4) {
                 mutate_index(rng, &mut doc, &self.pool);
@@ -1115,9 +1094,9 @@ impl Target for SafetensorsTarget {
             std::fs::write(&index_path, index).unwrap();
         }
         let result = run_checkpoint(dir, input);
-        std::fs::copy(model_fixture(s.model).join(s.file), &path).unwrap();
+        std::fs::copy(dg_testkit::model_dir(s.model).join(s.file), &path).unwrap();
         if input.index.is_some() {
-            let original = model_fixture(s.model).join("model.safetensors.index.json");
+            let original = dg_testkit::model_dir(s.model).join("model.safetensors.index.json");
             std::fs::copy(original, &index_path).unwrap();
         }
         result
@@ -1552,13 +1531,13 @@ impl Target for TemplateTarget {
     const NAME: &'static str = "chat_template";
 
     fn setup() -> Self {
-        let dir = model_fixture("tiny");
+        let dir = dg_testkit::model_dir("tiny");
         let tokenizer = dg_tokenize::Tokenizer::from_dir(&dir).unwrap();
         let template = dg_tokenize::ChatTemplate::from_dir(&dir)
             .unwrap()
             .with_special_tokens(tokenizer.special_tokens_map());
         let source = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap();
-        let engine = load_engine(&model_fixture("tiny-vision")).unwrap();
+        let engine = load_engine(&dg_testkit::model_dir("tiny-vision")).unwrap();
         let image = std::fs::read(fixtures().join("images/gray.png")).unwrap();
         TemplateTarget {
             template,
@@ -1613,7 +1592,7 @@ impl Target for TemplateTarget {
     }
 
     fn run(&mut self, input: &TemplateInput) -> Result<(), String> {
-        let err = |e: dg_tokenize::Error| e.to_string();
+        let err = |e: dg_tokenize::TokenizeError| e.to_string();
         let text = match &input.source {
             Some(source) => dg_tokenize::ChatTemplate::new(source.clone())
                 .map_err(err)?
@@ -1715,7 +1694,7 @@ impl Target for TokenizerTarget {
     const NAME: &'static str = "tokenizer";
 
     fn setup() -> Self {
-        let dir = model_fixture("tiny");
+        let dir = dg_testkit::model_dir("tiny");
         let tokenizer = dg_tokenize::Tokenizer::from_dir(&dir).unwrap();
         let vocab = (0..tokenizer.vocab_size() as u32)
             .filter_map(|id| tokenizer.id_to_token(id))
@@ -1778,7 +1757,7 @@ impl Target for TokenizerTarget {
     }
 
     fn run(&mut self, input: &TokenizerInput) -> Result<(), String> {
-        let err = |e: dg_tokenize::Error| e.to_string();
+        let err = |e: dg_tokenize::TokenizeError| e.to_string();
         match input {
             TokenizerInput::Encode {
                 text,
@@ -2030,7 +2009,7 @@ impl Target for ImageTarget {
             })
             .collect();
         seeds.sort();
-        let engine = load_engine(&model_fixture("tiny-vision")).unwrap();
+        let engine = load_engine(&dg_testkit::model_dir("tiny-vision")).unwrap();
         ImageTarget { seeds, engine }
     }
 
@@ -2197,7 +2176,7 @@ fn found_image_processor_overflow() {
 #[test]
 fn found_tokenizer_huge_token_id() {
     let dir = tempfile::tempdir().unwrap();
-    let src = model_fixture("tiny");
+    let src = dg_testkit::model_dir("tiny");
     let mut json: Value =
         serde_json::from_slice(&std::fs::read(src.join("tokenizer.json")).unwrap()).unwrap();
     json["model"]["vocab"]["<0x8A>"] = json!(405_798_912_u32);

@@ -23,14 +23,10 @@
 //! | 10 special-token strings | typed `<eos>`, `<turn|>`, `<|image|>` | `dg-tokenize/tests/literal.rs` (all), `dg-engine/tests/chat_options.rs`: `literal_special_tokens_keeps_typed_markers_as_text` |
 //! | shared model | a request error on one thread, others served | `bad_requests_leave_a_shared_model_serving_other_threads` (here) |
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dg_engine::{DecodeLimits, DiffusionGemma, EngineError, Image, Message, Request, VisionError};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use dg_testkit::fixtures;
 
 fn vision_model(limits: Option<DecodeLimits>) -> DiffusionGemma {
     let builder = DiffusionGemma::builder(fixtures().join("models/tiny-vision"));

@@ -32,8 +32,6 @@ pub use crate::mmap::files_mapped_by_this_thread;
 pub struct TensorEntry {
     /// Index into the shard list.
     shard: usize,
-    /// The name as the file stores it (before sanitizing).
-    pub stored_name: String,
     /// Element type as stored.
     pub dtype: Dtype,
     /// Shape as stored, outermost first.
@@ -301,7 +299,6 @@ impl Checkpoint {
                 name,
                 TensorEntry {
                     shard,
-                    stored_name: stored_name.clone(),
                     dtype: info.dtype,
                     shape: info.shape.clone(),
                     range: data_start + start..data_start + end,

@@ -18,6 +18,15 @@ pub enum CoreError {
     /// A checkpoint file is missing, not a regular file, or over its size cap.
     #[error(transparent)]
     File(#[from] dg_files::FileError),
+    /// A JSON file could not be written.
+    #[error("{path}: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// `config.json` is malformed or describes an unsupported model.
     #[error("{path}: {reason}")]
     Config {

@@ -19,7 +19,6 @@ pub use checkpoint::Checkpoint;
 pub use config::ModelConfig;
 pub use error::CoreError;
 pub use lora::Adapter;
-pub use model::cache::KvCache;
-pub use model::{DecoderInput, EncoderInput, SelfConditioning, TextModel};
+pub use model::{DecoderInput, EncoderInput, KvCache, SelfConditioning, TextModel};
 #[cfg(feature = "synthetic")]
 pub mod synthetic;

@@ -153,10 +153,11 @@ impl Adapter {
             }
         })?;
         let config_path = dir.join(ADAPTER_CONFIG_FILE);
-        let json = serde_json::to_string_pretty(&self.config).map_err(|e| CoreError::Adapter {
-            path: config_path.clone(),
-            reason: e.to_string(),
-        })?;
+        let json =
+            serde_json::to_string_pretty(&self.config).map_err(|source| CoreError::Json {
+                path: config_path.clone(),
+                source,
+            })?;
         std::fs::write(&config_path, json).map_err(io(&config_path))
     }
 

@@ -4,9 +4,9 @@
 //! and tests; the committed parity fixtures come from the reference's own writer
 //! (tools/reference/make_checkpoints.py).
 //!
-//! The weights follow the fixture recipe of REFERENCE.md in spirit (heavy-tailed tied embedding
-//! rows, signed final-norm weights, soft attention, small branch outputs, a damped
-//! self-conditioning projection) so predictions are peaked rather than uniform.
+//! The weights follow the fixtures' recipe (tools/reference/README.md) in spirit (heavy-tailed
+//! tied embedding rows, signed final-norm weights, soft attention, small branch outputs, a
+//! damped self-conditioning projection) so predictions are peaked rather than uniform.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -497,8 +497,10 @@ fn gpt2_byte_chars() -> Vec<char> {
 
 fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<(), CoreError> {
     let path = dir.join(name);
-    let text =
-        serde_json::to_string_pretty(value).map_err(|e| CoreError::InvalidInput(e.to_string()))?;
+    let text = serde_json::to_string_pretty(value).map_err(|source| CoreError::Json {
+        path: path.clone(),
+        source,
+    })?;
     std::fs::write(&path, text).map_err(|source| CoreError::Io { path, source })
 }
 

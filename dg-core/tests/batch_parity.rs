@@ -7,20 +7,18 @@
 //! Against our own single-sequence passes the bound is tighter, 1e-5 x max: only the row
 //! count of each product changes, which at most picks a kernel with another summation order.
 //!
-//! The equal-length case guards the bug of ../shared/seeds/002 (batches whose rows needed no
-//! padding ran without their causal masks): every sequence gets its mask in every batch.
+//! The equal-length case guards a past bug (batches whose rows needed no padding ran without
+//! their causal masks): every sequence gets its mask in every batch.
 
-mod common;
-
-use common::{assert_close, assert_logits, Goldens};
 use dg_core::{DecoderInput, EncoderInput, KvCache, SelfConditioning, TextModel};
+use dg_testkit::{assert_close, assert_logits, max_abs_diff, model_dir, Tensors};
 
 const LOGIT_BOUND: f32 = 1e-3;
 const STATE_BOUND: f32 = 1e-4;
 const SAME_MODEL_BOUND: f32 = 1e-5;
 
 fn load() -> TextModel {
-    TextModel::load(&common::fixtures().join("models").join("tiny")).expect("fixture loads")
+    TextModel::load(&model_dir("tiny")).expect("fixture loads")
 }
 
 /// Encodes each prompt into a fresh cache in one batched pass.
@@ -64,7 +62,7 @@ fn assert_same_cache(what: &str, ours: &KvCache, single: &KvCache, bound: f32) {
 #[test]
 fn ragged_batch_matches_reference_per_sequence() {
     let model = load();
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     let vocab = model.vocab_size();
     let cases = ["short", "long"];
     let prompts: Vec<Vec<u32>> = cases
@@ -172,7 +170,7 @@ fn ragged_batch_matches_reference_per_sequence() {
 #[test]
 fn equal_length_batch_keeps_every_mask() {
     let model = load();
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     let vocab = model.vocab_size();
     let long = g.ids("long.prompt_ids");
     // Same length, other tokens: no sequence needs padding.
@@ -237,13 +235,13 @@ fn equal_length_batch_keeps_every_mask() {
         SAME_MODEL_BOUND,
     );
     // The two prompts must lead to different logits, or a leak between them could hide.
-    assert!(common::max_abs_diff(&logits[0], &logits[1]) > 100.0 * LOGIT_BOUND);
+    assert!(max_abs_diff(&logits[0], &logits[1]) > 100.0 * LOGIT_BOUND);
 }
 
 #[test]
 fn batch_errors_name_the_input_and_change_nothing() {
     let model = load();
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     let prompt = g.ids("short.prompt_ids");
     let (mut a, mut b) = (model.new_cache(), model.new_cache());
     let mut inputs = [

@@ -5,21 +5,19 @@
 //! than the sliding window and a chat-templated one longer than twice the window. Also: the
 //! training forward is the inference forward (same loss bit for bit with the adapter mounted).
 
-mod common;
-
-use common::Goldens;
 use dg_core::train::{diffusion_loss_and_grads, TrainExample};
 use dg_core::{Adapter, SelfConditioning, TextModel};
+use dg_testkit::{fixtures, model_dir, Tensors};
 
 const LOSS_BOUND: f64 = 1e-5;
 const GRAD_BOUND: f64 = 1e-3;
 
 fn model() -> TextModel {
-    TextModel::load(&common::fixtures().join("models/tiny")).expect("fixture loads")
+    TextModel::load(&model_dir("tiny")).expect("fixture loads")
 }
 
 fn adapter() -> Adapter {
-    Adapter::load(&common::fixtures().join("adapters/tiny-grad")).expect("adapter loads")
+    Adapter::load(&fixtures().join("adapters/tiny-grad")).expect("adapter loads")
 }
 
 struct Case {
@@ -29,15 +27,15 @@ struct Case {
     corrupt: Vec<bool>,
 }
 
-fn case(g: &Goldens, name: &str) -> Case {
+fn case(g: &Tensors, name: &str) -> Case {
     Case {
         prompt: g.ids(&format!("{name}.prompt_ids")),
         canvas: g.ids(&format!("{name}.canvas_ids")),
         target: g.ids(&format!("{name}.target_ids")),
         corrupt: g
-            .f32(&format!("{name}.corrupt"))
+            .i32(&format!("{name}.corrupt"))
             .iter()
-            .map(|&v| v != 0.0)
+            .map(|&v| v != 0)
             .collect(),
     }
 }
@@ -65,7 +63,7 @@ fn relative(ours: &[f32], golden: &[f32]) -> f64 {
 }
 
 fn check_against_reference(name: &str, expected_prompt: impl Fn(usize) -> bool) {
-    let g = Goldens::open("lora_grads.safetensors");
+    let g = Tensors::load("lora_grads.safetensors");
     let (model, adapter) = (model(), adapter());
     let c = case(&g, name);
     assert!(
@@ -126,7 +124,7 @@ fn lora_gradients_match_the_reference_with_a_prompt_past_the_window() {
 /// decode + the same cross-entropy give the same loss, bit for bit.
 #[test]
 fn training_loss_is_the_mounted_inference_loss() {
-    let g = Goldens::open("lora_grads.safetensors");
+    let g = Tensors::load("lora_grads.safetensors");
     let (mut model, adapter) = (model(), adapter());
     for name in ["short", "long"] {
         let c = case(&g, name);

@@ -12,25 +12,25 @@
 //!   wrong op (a missed norm, a wrong RoPE frequency, a mask off by one) moves values by
 //!   percents.
 
-mod common;
-
-use common::{argmax_rows, assert_close, max_abs, max_abs_diff, relative_rms, Goldens};
 use dg_core::{SelfConditioning, TextModel};
+use dg_testkit::{
+    argmax_rows, assert_close, max_abs, max_abs_diff, model_dir, relative_rms, Tensors,
+};
 
 const LOGIT_BOUND: f32 = 1e-3;
 const STATE_BOUND: f32 = 1e-4;
 
 fn load(name: &str) -> TextModel {
-    TextModel::load(&common::fixtures().join("models").join(name)).expect("fixture loads")
+    TextModel::load(&model_dir(name)).expect("fixture loads")
 }
 
 fn assert_logits(what: &str, ours: &[f32], golden: &[f32], vocab: usize) {
-    common::assert_logits(what, ours, golden, vocab, LOGIT_BOUND);
+    dg_testkit::assert_logits(what, ours, golden, vocab, LOGIT_BOUND);
 }
 
 /// Compares our cache (trimmed to what later queries can see) with the reference's, whose
 /// sliding layers may still hold older positions: the shared tail must agree.
-fn check_cache(g: &Goldens, case: &str, model: &TextModel, cache: &dg_core::KvCache) {
+fn check_cache(g: &Tensors, case: &str, model: &TextModel, cache: &dg_core::KvCache) {
     for i in 0..cache.num_layers() {
         let layer = cache.layer(i).unwrap();
         for kind in ["keys", "values"] {
@@ -59,7 +59,7 @@ fn check_cache(g: &Goldens, case: &str, model: &TextModel, cache: &dg_core::KvCa
     let _ = model;
 }
 
-fn check_case(model: &TextModel, g: &Goldens, case: &str) -> dg_core::KvCache {
+fn check_case(model: &TextModel, g: &Tensors, case: &str) -> dg_core::KvCache {
     let vocab = model.vocab_size();
     let prompt = g.ids(&format!("{case}.prompt_ids"));
     let mut cache = model.new_cache();
@@ -88,7 +88,7 @@ fn check_case(model: &TextModel, g: &Goldens, case: &str) -> dg_core::KvCache {
 
 fn check_decoder(
     model: &TextModel,
-    g: &Goldens,
+    g: &Tensors,
     case: &str,
     cache: &dg_core::KvCache,
     vocab: usize,
@@ -132,14 +132,14 @@ fn check_decoder(
 #[test]
 fn short_prompt_matches_reference() {
     let model = load("tiny");
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     check_case(&model, &g, "short");
 }
 
 #[test]
 fn long_prompt_and_continuation_match_reference() {
     let model = load("tiny");
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     let mut cache = check_case(&model, &g, "long");
     // Append a committed block with an encoder continuation pass, as the engine does.
     let block = g.ids("cont.block_ids");
@@ -162,7 +162,7 @@ fn long_prompt_and_continuation_match_reference() {
 #[test]
 fn sharded_checkpoint_gives_the_same_logits() {
     let model = load("tiny-sharded");
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     check_case(&model, &g, "short");
 }
 
@@ -173,7 +173,7 @@ fn sharded_checkpoint_gives_the_same_logits() {
 #[test]
 fn bf16_reference_within_its_own_noise() {
     let model = load("tiny");
-    let g = Goldens::open("model_tiny.safetensors");
+    let g = Tensors::load("model_tiny.safetensors");
     let vocab = model.vocab_size();
     for case in ["short", "long"] {
         let prompt = g.ids(&format!("{case}.prompt_ids"));

@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use dg_core::lora::{Adapter, AdapterConfig};
-use dg_core::{Checkpoint, KvCache, ModelConfig, SelfConditioning, TextModel};
+use dg_core::{Checkpoint, ModelConfig, TextModel};
 use dg_tokenize::{ChatTemplate, ImageTokenIds, RenderOptions, Tokenizer};
 
 use crate::batch::{self, Job, OnEvent};
@@ -275,12 +275,12 @@ fn read_generation_config(dir: &Path) -> Result<GenerationSettings> {
 /// A loaded DiffusionGemma checkpoint. `Send + Sync`: one instance serves many threads.
 pub struct DiffusionGemma {
     dir: PathBuf,
-    model: TextModel,
+    pub(crate) model: TextModel,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     #[cfg(feature = "vision")]
     vision: Option<dg_vision::VisionModel>,
-    pool: rayon::ThreadPool,
+    pub(crate) pool: rayon::ThreadPool,
     eos: Vec<u32>,
     checkpoint_settings: GenerationSettings,
     reference_settings: GenerationSettings,
@@ -392,7 +392,8 @@ impl DiffusionGemma {
             .map(|a| (&a.config, a.source.as_deref()))
     }
 
-    /// The text model (for research: prefill, single decoder passes).
+    /// The text model: its configuration, and single passes for research (see
+    /// [`research`](crate::research)).
     pub fn model(&self) -> &TextModel {
         &self.model
     }
@@ -535,30 +536,6 @@ impl DiffusionGemma {
         })?;
         self.check_context(prepared.ids.len(), request.max_tokens)?;
         Ok(prepared)
-    }
-
-    /// Encodes prompt ids into a fresh cache.
-    pub fn prefill(&self, ids: &[u32]) -> Result<KvCache> {
-        self.pool.install(|| {
-            let mut cache = self.model.new_cache();
-            self.model
-                .encode(&mut cache, ids, |_, _| {})
-                .map_err(|e| EngineError::Model(Box::new(e)))?;
-            Ok(cache)
-        })
-    }
-
-    /// One decoder pass over `canvas` after `cache`, returning soft-capped logits
-    /// `[canvas, vocab]` (not divided by any schedule temperature).
-    pub fn decoder_logits(
-        &self,
-        cache: &KvCache,
-        canvas: &[u32],
-        sc: SelfConditioning<'_>,
-    ) -> Result<Vec<f32>> {
-        self.pool
-            .install(|| self.model.decode(cache, canvas, sc))
-            .map_err(|e| EngineError::Model(Box::new(e)))
     }
 
     /// Generates a complete answer.

@@ -28,7 +28,7 @@ pub enum EngineError {
     OutOfMemory(#[from] dg_quant::alloc::OutOfMemory),
     /// Tokenizer, chat template or detokenizer failed.
     #[error(transparent)]
-    Tokenize(#[from] dg_tokenize::Error),
+    Tokenize(#[from] dg_tokenize::TokenizeError),
     /// An image could not be read or encoded.
     #[error(transparent)]
     #[cfg(feature = "vision")]
@@ -75,10 +75,11 @@ pub enum EngineError {
     #[error("the scheduler is shutting down")]
     ShuttingDown,
     /// A forward pass shared by several requests failed; every request in it ends with this.
-    #[error("a batched pass failed: {reason}")]
+    #[error("a batched pass failed: {source}")]
     Batch {
-        /// The error of the pass.
-        reason: String,
+        /// The error of the pass (shared by its requests).
+        #[source]
+        source: std::sync::Arc<EngineError>,
     },
 }
 

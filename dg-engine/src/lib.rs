@@ -29,11 +29,14 @@
 //!   strings); [`Image`]s for checkpoints with a vision tower.
 //! - [`Scheduler`]: continuous batching for servers: requests submitted at any time from any
 //!   thread share denoising passes; each gets a [`Stream`] of [`Update`]s (sync or async).
-//! - [`rng`]: an MLX-compatible (threefry) random generator, bit-identical to mlx 0.32.4.
-//! - [`sampler`]: the reference's per-step sampling math as pure functions.
-//! - [`mlx_math`]: the MLX CPU kernels (fast `exp`, reductions) those two reproduce.
+//! - [`research`]: the block loop's pieces on their own, bit-identical to the reference: the
+//!   MLX-compatible RNG, the per-step sampler math, the MLX CPU kernels they reproduce, and
+//!   single prefill and decoder passes.
 
 #![warn(missing_docs)]
+
+// The block loop uses the research modules under their short paths.
+use research::{mlx_math, rng, sampler};
 
 mod batch;
 mod canvas;
@@ -41,12 +44,10 @@ mod engine;
 pub mod error;
 #[cfg(feature = "hub")]
 pub mod hub;
-pub mod mlx_math;
 mod output;
 mod prompt;
 mod request;
-pub mod rng;
-pub mod sampler;
+pub mod research;
 mod scheduler;
 mod settings;
 mod stop;
@@ -66,7 +67,7 @@ pub use dg_core::lora::{Adapter, AdapterConfig, LoraParameters};
 /// ```
 #[cfg(feature = "synthetic")]
 pub use dg_core::synthetic;
-pub use dg_core::{CoreError, KvCache, SelfConditioning};
+pub use dg_core::CoreError;
 pub use dg_tokenize::{Content, ContentPart, Tokenizer};
 #[cfg(feature = "vision")]
 pub use dg_vision::{DecodeLimits, VisionError};
@@ -77,6 +78,5 @@ pub use hub::HubBuilder;
 pub use output::{Event, FinishReason, Generation, Stats};
 pub use prompt::{Image, PreparedPrompt};
 pub use request::{ChatOptions, Defaults, Message, Prompt, Request, Sampler};
-pub use rng::Rng;
 pub use scheduler::{Scheduler, SchedulerOptions, SchedulerStatus, Stream, Update};
 pub use settings::{GenerationSettings, MAX_DENOISING_STEPS};

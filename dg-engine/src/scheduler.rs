@@ -400,7 +400,7 @@ fn work(model: &DiffusionGemma, shared: &Shared) {
             let keys: Vec<usize> = jobs.iter().map(|(key, _)| *key).collect();
             let mut deliver = |key: usize, event| deliver(&routes, key, event);
             if let Err(e) = batch.admit(text, pool, jobs, detok, &mut deliver) {
-                fail(&keys, &e, &mut routes, &mut tokens_in_flight, &mut round);
+                fail(&keys, e, &mut routes, &mut tokens_in_flight, &mut round);
             }
             round.prefill_passes += 1;
         }
@@ -415,7 +415,7 @@ fn work(model: &DiffusionGemma, shared: &Shared) {
             if let Err(e) = result {
                 let keys: Vec<usize> = batch.keys().collect();
                 batch = Batch::default();
-                fail(&keys, &e, &mut routes, &mut tokens_in_flight, &mut round);
+                fail(&keys, e, &mut routes, &mut tokens_in_flight, &mut round);
             }
         }
 
@@ -471,17 +471,18 @@ fn deliver(routes: &HashMap<usize, Route>, key: usize, event: Event) -> ControlF
 /// Ends the requests of a failed shared pass.
 fn fail(
     keys: &[usize],
-    error: &EngineError,
+    error: EngineError,
     routes: &mut HashMap<usize, Route>,
     tokens_in_flight: &mut usize,
     round: &mut RoundCounters,
 ) {
+    let error = Arc::new(error);
     for key in keys {
         if let Some(route) = routes.remove(key) {
             *tokens_in_flight -= route.tokens;
             round.finished += 1;
             let _ = route.tx.send(Update::Failed(EngineError::Batch {
-                reason: error.to_string(),
+                source: error.clone(),
             }));
         }
     }

@@ -4,9 +4,7 @@
 use dg_engine::{DiffusionGemma, Message, Request};
 use serde_json::json;
 
-mod common;
-
-use common::fixtures;
+use dg_testkit::fixtures;
 
 #[test]
 fn tools_thinking_and_variables_reach_the_template() {

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use dg_engine::{DiffusionGemma, EngineError, Request, Scheduler, SchedulerOptions};
 
-mod common;
-
-use common::fixtures;
+use dg_testkit::fixtures;
 
 #[test]
 fn a_request_over_the_context_limit_is_refused_and_names_it() {

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 mod common;
 
-use common::{check_generation, fixtures, golden_request as request, goldens, ids, Seen};
+use common::{check_generation, golden_request as request, goldens, Seen};
+use dg_testkit::{fixtures, ids};
 
 #[test]
 fn generations_match_reference_token_for_token() {
@@ -65,7 +66,7 @@ fn batched_generations_match_reference_token_for_token() {
 }
 
 /// A batch whose prompts all have the same length (no row needs padding): the masks must be
-/// applied all the same (../shared/seeds/002), so each matches the reference.
+/// applied all the same (a past bug skipped them), so each matches the reference.
 #[test]
 fn equal_length_batch_matches_reference() {
     let model = DiffusionGemma::load(fixtures().join("models/tiny")).unwrap();

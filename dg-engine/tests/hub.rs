@@ -12,14 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dg_engine::{DiffusionGemma, EngineError, Request};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/models"
-    ))
-    .join(name)
-}
+use dg_testkit::model_dir as fixture;
 
 /// A fresh directory, removed when dropped (one per test: the tests run in parallel).
 struct TempDir(PathBuf);

@@ -8,9 +8,7 @@
 use dg_engine::{DiffusionGemma, FinishReason, Generation, Image, Request, Sampler};
 use serde_json::Value;
 
-mod common;
-
-use common::{fixtures, ids, load_json};
+use dg_testkit::{fixtures, ids, load_json};
 
 fn image_cases() -> Vec<Value> {
     load_json("generate_images.json")["cases"]

@@ -1,16 +1,9 @@
 //! Loading maps each checkpoint file once: the text model and the vision tower read their
 //! tensors from one `Checkpoint` (before, each tower mapped every shard itself).
 
-use std::path::{Path, PathBuf};
-
 use dg_core::checkpoint::files_mapped_by_this_thread;
 use dg_engine::DiffusionGemma;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(name)
-}
+use dg_testkit::model_dir as fixture;
 
 /// Files mapped while loading `name` (loading maps on the caller's thread).
 fn maps_to_load(name: &str) -> usize {

@@ -10,12 +10,14 @@
 
 use std::ops::ControlFlow;
 
-use dg_engine::{Adapter, DiffusionGemma, EngineError, SelfConditioning};
+use dg_engine::research::SelfConditioning;
+use dg_engine::{Adapter, DiffusionGemma, EngineError};
 use serde_json::Value;
 
 mod common;
 
-use common::{check_generation, fixtures, golden_request, ids, load_json, Seen, Tensors};
+use common::{check_generation, golden_request, Seen};
+use dg_testkit::{fixtures, ids, load_json, max_abs, max_abs_diff, Tensors};
 
 const LOGIT_BOUND: f32 = 1e-3;
 const ADAPTERS: [&str; 2] = ["tiny-trained", "tiny-random"];
@@ -28,10 +30,6 @@ fn adapter_dir(name: &str) -> std::path::PathBuf {
     fixtures().join("adapters").join(name)
 }
 
-fn max_abs(v: &[f32]) -> f32 {
-    v.iter().fold(0.0, |m, x| m.max(x.abs()))
-}
-
 fn argmax_rows(v: &[f32], width: usize) -> Vec<usize> {
     v.chunks_exact(width)
         .map(|r| (0..width).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap())
@@ -39,10 +37,6 @@ fn argmax_rows(v: &[f32], width: usize) -> Vec<usize> {
 }
 
 /// Decoder logits over the cache of `prompt`, with whatever is mounted.
-fn ids_of(goldens: &Tensors, name: &str) -> Vec<u32> {
-    goldens.i32(name).into_iter().map(|v| v as u32).collect()
-}
-
 fn logits(model: &DiffusionGemma, prompt: &[u32], canvas: &[u32]) -> Vec<f32> {
     let cache = model.prefill(prompt).unwrap();
     model
@@ -61,32 +55,29 @@ fn mounted_adapters_give_the_reference_logits() {
             .unwrap();
         for case in ["short", "long"] {
             let key = format!("{name}.{case}");
-            let prompt = ids_of(&goldens, &format!("{key}.prompt_ids"));
-            let canvas = ids_of(&goldens, &format!("{key}.canvas_ids"));
+            let prompt = goldens.ids(&format!("{key}.prompt_ids"));
+            let canvas = goldens.ids(&format!("{key}.canvas_ids"));
             let want = goldens.f32(&format!("{key}.logits"));
             let got = logits(&model, &prompt, &canvas);
-            let err = got
-                .iter()
-                .zip(&want)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            eprintln!("{key}: max |diff| {err:e} / max |logit| {}", max_abs(&want));
+            let err = max_abs_diff(&got, want);
+            eprintln!("{key}: max |diff| {err:e} / max |logit| {}", max_abs(want));
             assert!(
-                err <= LOGIT_BOUND * max_abs(&want),
+                err <= LOGIT_BOUND * max_abs(want),
                 "{key}: max |diff| {err} over {} x max |logit| {}",
                 LOGIT_BOUND,
-                max_abs(&want)
+                max_abs(want)
             );
             assert_eq!(
                 argmax_rows(&got, vocab),
-                argmax_rows(&want, vocab),
+                argmax_rows(want, vocab),
                 "{key}: argmax"
             );
         }
     }
     // Unmounting gives the base model back, bit for bit, without reloading.
     let base = DiffusionGemma::load(tiny()).unwrap();
-    let prompt = ids_of(&goldens, "tiny-random.long.prompt_ids");
-    let canvas = ids_of(&goldens, "tiny-random.long.canvas_ids");
+    let prompt = goldens.ids("tiny-random.long.prompt_ids");
+    let canvas = goldens.ids("tiny-random.long.canvas_ids");
     let adapted = logits(&model, &prompt, &canvas);
     model.unmount_adapter();
     assert!(model.adapter().is_none());

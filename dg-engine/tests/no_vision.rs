@@ -5,9 +5,7 @@
 
 use dg_engine::{DiffusionGemma, Image, Request};
 
-mod common;
-
-use common::fixtures;
+use dg_testkit::fixtures;
 
 #[test]
 fn text_works_and_images_name_the_missing_feature() {

@@ -1,4 +1,4 @@
-//! Bit-exact parity of `dg_engine::rng` with mlx 0.32.4 (CPU).
+//! Bit-exact parity of `dg_engine::research::rng` with mlx 0.32.4 (CPU).
 //!
 //! Goldens: `tests/fixtures/goldens/rng.{safetensors,json}`, written by
 //! `tools/reference/dump_rng_goldens.py`. Every value must be identical (integers exactly, f32 by
@@ -8,8 +8,9 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{key_of, load_json, usizes, Tensors};
-use dg_engine::rng::{self, Key, Rng};
+use common::key_of;
+use dg_engine::research::rng::{self, Key, Rng};
+use dg_testkit::{load_json, usizes, Tensors};
 use serde_json::Value;
 
 fn i32_of(v: &Value) -> i32 {
@@ -65,7 +66,7 @@ fn global_key_sequences_match_mlx() {
                 }
                 "uniform" => {
                     let ours = rng.uniform(&shape).unwrap();
-                    assert_eq!(f32_bits(&ours), f32_bits(&t.f32(out)), "{name}: {out}");
+                    assert_eq!(f32_bits(&ours), f32_bits(t.f32(out)), "{name}: {out}");
                     checked += ours.len();
                 }
                 op => panic!("unknown op {op}"),
@@ -104,7 +105,7 @@ fn keyed_calls_match_mlx() {
         match op {
             "uniform" => {
                 let ours = rng::uniform_with_key(key, &usizes(&case["shape"])).unwrap();
-                assert_eq!(f32_bits(&ours), f32_bits(&t.f32(out)), "{out}");
+                assert_eq!(f32_bits(&ours), f32_bits(t.f32(out)), "{out}");
             }
             "uniform_range" => {
                 let (low, high) = (
@@ -113,11 +114,11 @@ fn keyed_calls_match_mlx() {
                 );
                 let ours =
                     rng::uniform_range_with_key(key, low, high, &usizes(&case["shape"])).unwrap();
-                assert_eq!(f32_bits(&ours), f32_bits(&t.f32(out)), "{out}");
+                assert_eq!(f32_bits(&ours), f32_bits(t.f32(out)), "{out}");
             }
             "gumbel" => {
                 let ours = rng::gumbel_with_key(key, &usizes(&case["shape"])).unwrap();
-                assert_eq!(f32_bits(&ours), f32_bits(&t.f32(out)), "{out}");
+                assert_eq!(f32_bits(&ours), f32_bits(t.f32(out)), "{out}");
             }
             "split" => {
                 let num = case["num"].as_u64().unwrap() as usize;
@@ -136,7 +137,7 @@ fn keyed_calls_match_mlx() {
             "categorical" => {
                 let logits = t.f32(case["logits"].as_str().unwrap());
                 let shape = usizes(&case["logits_shape"]);
-                let ours = rng::categorical_with_key(key, &logits, &shape).unwrap();
+                let ours = rng::categorical_with_key(key, logits, &shape).unwrap();
                 let note = case["note"].as_str().unwrap();
                 assert_eq!(ours, t.u32(out), "{out}: {note}");
             }

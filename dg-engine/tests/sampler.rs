@@ -1,5 +1,5 @@
-//! Parity of `dg_engine::sampler` (and the MLX kernels of `mlx_math`) with mlx-optiq 0.7.7's
-//! `optiq/vlm/_mlxvlm/generate/diffusion.py` on mlx 0.32.4 (CPU, float32).
+//! Parity of `dg_engine::research::sampler` (and the MLX kernels of `mlx_math`) with mlx-optiq
+//! 0.7.7's `optiq/vlm/_mlxvlm/generate/diffusion.py` on mlx 0.32.4 (CPU, float32).
 //!
 //! Goldens: `tests/fixtures/goldens/sampler.{safetensors,json}`, written by
 //! `tools/reference/dump_sampler_goldens.py`, which calls the reference's own functions.
@@ -12,10 +12,11 @@
 
 mod common;
 
-use common::{key_of, load_json, usizes, Tensors};
-use dg_engine::mlx_math;
-use dg_engine::rng::Rng;
-use dg_engine::sampler::{self, StabilityStop};
+use common::key_of;
+use dg_engine::research::mlx_math;
+use dg_engine::research::rng::Rng;
+use dg_engine::research::sampler::{self, StabilityStop};
+use dg_testkit::{load_json, usizes, Tensors};
 use serde_json::Value;
 
 fn as_usize(v: &Value) -> usize {
@@ -63,7 +64,8 @@ impl Golden {
         let t = Tensors::load("sampler.safetensors");
         let vocab = as_usize(&doc["vocab"]);
         let (shape, table) = t.f32_shaped(doc["table"].as_str().unwrap());
-        assert_eq!(shape, vec![as_usize(&doc["table_rows"]), vocab]);
+        assert_eq!(shape, [as_usize(&doc["table_rows"]), vocab]);
+        let table = table.to_vec();
         Self {
             doc,
             t,
@@ -122,7 +124,7 @@ fn mlx_math_is_bit_exact() {
     let (_, x) = g.t.f32_shaped("math_x");
     let (_, want) = g.t.f32_shaped("math_exp");
     let ours: Vec<f32> = x.iter().map(|&v| mlx_math::exp(v)).collect();
-    for ((&xi, &o), &w) in x.iter().zip(&ours).zip(&want) {
+    for ((&xi, &o), &w) in x.iter().zip(&ours).zip(want) {
         assert!(
             o.to_bits() == w.to_bits() || (o.is_nan() && w.is_nan()),
             "exp({xi:e}) = {o:e}, MLX {w:e}"
@@ -131,7 +133,7 @@ fn mlx_math_is_bit_exact() {
     // MLX's exp is not libm's: make sure the golden would notice.
     let libm_differs = x
         .iter()
-        .zip(&want)
+        .zip(want)
         .filter(|(&xi, &w)| xi.is_finite() && xi.exp().to_bits() != w.to_bits())
         .count();
     assert!(
@@ -141,15 +143,15 @@ fn mlx_math_is_bit_exact() {
 
     let (_, x) = g.t.f32_shaped("math_log_x");
     let (_, want) = g.t.f32_shaped("math_log");
-    for (&xi, &w) in x.iter().zip(&want) {
+    for (&xi, &w) in x.iter().zip(want) {
         let o = mlx_math::log(xi);
         assert!(o.to_bits() == w.to_bits(), "log({xi:e}) = {o:e}, MLX {w:e}");
     }
 
     let (shape, x) = g.t.f32_shaped("math_lse_x");
     let (_, want) = g.t.f32_shaped("math_lse");
-    let ours = sampler::logsumexp_rows(&x, shape[1]).unwrap();
-    assert_eq!(bits(&ours), bits(&want), "logsumexp");
+    let ours = sampler::logsumexp_rows(x, shape[1]).unwrap();
+    assert_eq!(bits(&ours), bits(want), "logsumexp");
 }
 
 #[test]
@@ -188,13 +190,13 @@ fn per_case_outputs_match_reference() {
         if case["full"].as_bool().unwrap() {
             full_cases += 1;
             let (_, want) = g.t.f32_shaped(&format!("{p}processed"));
-            assert_eq!(bits(&logits), bits(&want), "{name}: processed logits");
+            assert_eq!(bits(&logits), bits(want), "{name}: processed logits");
             let (_, probs) = sampler::entropy_and_probs(&logits, v).unwrap();
             let (_, want) = g.t.f32_shaped(&format!("{p}chain_probs"));
-            assert_eq!(bits(&probs), bits(&want), "{name}: entropy-chain probs");
+            assert_eq!(bits(&probs), bits(want), "{name}: entropy-chain probs");
             let soft = sampler::softmax_precise(&logits, v).unwrap();
             let (_, want) = g.t.f32_shaped(&format!("{p}softmax_probs"));
-            assert_eq!(bits(&soft), bits(&want), "{name}: softmax probs");
+            assert_eq!(bits(&soft), bits(want), "{name}: softmax probs");
             values_checked += 3 * logits.len();
         }
 
@@ -346,14 +348,14 @@ fn direct_masks_match_reference() {
                     .collect();
                 let thr = py_float(&e["threshold"]);
                 let force_all = e["force_all"].as_bool().unwrap();
-                sampler::confidence_transfer_mask(&input, &unrevealed, l, thr, force_all).unwrap()
+                sampler::confidence_transfer_mask(input, &unrevealed, l, thr, force_all).unwrap()
             }
             _ => {
                 ent += 1;
-                sampler::entropy_transfer_mask(&input, l, py_float(&e["bound"])).unwrap()
+                sampler::entropy_transfer_mask(input, l, py_float(&e["bound"])).unwrap()
             }
         };
-        assert_eq!(ours, mask_of(&want), "{e}");
+        assert_eq!(ours, mask_of(want), "{e}");
     }
     assert!(conf >= 40 && ent >= 20, "{conf} confidence, {ent} entropy");
 }

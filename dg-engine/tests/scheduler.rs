@@ -13,7 +13,8 @@ use dg_engine::{
 
 mod common;
 
-use common::{fixtures, golden_request, goldens, ids};
+use common::{golden_request, goldens};
+use dg_testkit::{fixtures, ids};
 
 fn tiny() -> Arc<DiffusionGemma> {
     Arc::new(DiffusionGemma::load(fixtures().join("models/tiny")).expect("load tiny"))

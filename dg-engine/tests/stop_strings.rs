@@ -7,7 +7,8 @@ use dg_engine::{DiffusionGemma, Event, FinishReason, Request};
 
 mod common;
 
-use common::{fixtures, golden_request, goldens};
+use common::{golden_request, goldens};
+use dg_testkit::fixtures;
 
 /// Generates with events: (result, streamed text, text of each block as committed).
 fn run(model: &DiffusionGemma, request: &Request) -> (dg_engine::Generation, String, Vec<String>) {

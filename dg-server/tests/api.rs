@@ -6,11 +6,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{fixtures, load, openai_chunks, sse_events, TestServer};
+use common::{load, openai_chunks, sse_events, TestServer};
 use dg_engine::{
     Defaults, DiffusionGemma, FinishReason, Message, Request, Sampler, SchedulerOptions,
 };
 use dg_server::ServerOptions;
+use dg_testkit::fixtures;
 use serde_json::{json, Value};
 
 fn tiny() -> Arc<DiffusionGemma> {

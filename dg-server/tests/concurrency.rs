@@ -8,9 +8,10 @@ mod common;
 use std::io::BufReader;
 use std::time::{Duration, Instant};
 
-use common::{fixtures, load, openai_chunks, read_chunk, read_head, send, TestServer};
+use common::{load, openai_chunks, read_chunk, read_head, send, TestServer};
 use dg_engine::{Message, Request, Sampler, SchedulerOptions};
 use dg_server::ServerOptions;
+use dg_testkit::fixtures;
 use serde_json::{json, Value};
 
 const CLIENTS: usize = 32;

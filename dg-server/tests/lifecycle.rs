@@ -7,9 +7,10 @@ mod common;
 use std::io::BufReader;
 use std::sync::Arc;
 
-use common::{fixtures, load, read_chunk, read_head, scheduler, send, sse_events, TestServer};
+use common::{load, read_chunk, read_head, scheduler, send, sse_events, TestServer};
 use dg_engine::{DiffusionGemma, SchedulerOptions};
 use dg_server::{Server, ServerOptions};
+use dg_testkit::fixtures;
 use serde_json::{json, Value};
 
 fn synthetic() -> (tempfile::TempDir, Arc<DiffusionGemma>) {

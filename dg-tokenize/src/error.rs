@@ -5,7 +5,7 @@ use std::path::PathBuf;
 /// Everything that can go wrong in dg-tokenize. Each variant names the file, field or token at fault.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum TokenizeError {
     /// A checkpoint file is missing, not a regular file, or over its size cap.
     #[error(transparent)]
     File(#[from] dg_files::FileError),
@@ -29,28 +29,32 @@ pub enum Error {
         message: String,
     },
     /// The `tokenizers` library rejected tokenizer.json (or our adjustment of it).
-    #[error("loading tokenizer {path}: {message}")]
+    #[error("loading tokenizer {path}: {source}")]
     TokenizerLoad {
         /// The tokenizer.json file.
         path: PathBuf,
-        /// The library's message.
-        message: String,
+        /// The library's error, or what is wrong with the vocabulary.
+        #[source]
+        source: BoxError,
     },
-    /// Encoding text failed inside `tokenizers`.
-    #[error("encoding text ({chars} chars): {message}")]
+    /// Encoding text failed inside `tokenizers` (or kept-literal special tokens could not be
+    /// marked).
+    #[error("encoding text ({chars} chars): {source}")]
     Encode {
         /// Length of the text in chars.
         chars: usize,
-        /// The library's message.
-        message: String,
+        /// The library's error, or what went wrong.
+        #[source]
+        source: BoxError,
     },
     /// Decoding ids failed inside `tokenizers`.
-    #[error("decoding {len} token ids: {message}")]
+    #[error("decoding {len} token ids: {source}")]
     Decode {
         /// Number of ids.
         len: usize,
-        /// The library's message.
-        message: String,
+        /// The library's error.
+        #[source]
+        source: BoxError,
     },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
@@ -83,12 +87,13 @@ pub enum Error {
         dir: PathBuf,
     },
     /// A chat message or tool could not be turned into template values.
-    #[error("serializing {what} for the chat template: {message}")]
+    #[error("serializing {what} for the chat template: {source}")]
     Serialize {
         /// The value at fault (a message or tool).
         what: String,
-        /// The serializer's message.
-        message: String,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// Image placeholders in the prompt and per-image token counts disagree.
     #[error(
@@ -104,12 +109,15 @@ pub enum Error {
     },
 }
 
-/// Result alias for this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+/// The error `tokenizers` returns (its `tokenizers::Error`), or a message of ours in its place.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl Error {
+/// Result alias for this crate.
+pub type Result<T, E = TokenizeError> = std::result::Result<T, E>;
+
+impl TokenizeError {
     pub(crate) fn field(path: &std::path::Path, field: &str, message: impl Into<String>) -> Self {
-        Error::Field {
+        TokenizeError::Field {
             path: path.to_path_buf(),
             field: field.to_string(),
             message: message.into(),
@@ -125,7 +133,7 @@ impl Error {
             message.push_str(&s.to_string());
             source = s.source();
         }
-        Error::Template {
+        TokenizeError::Template {
             name: name.to_string(),
             message,
         }

@@ -5,7 +5,7 @@
 //! `n_k` is image k's soft-token count, and marks image ids with token type 1 (`mm_token_type_ids`;
 //! everything else, `boi`/`eoi` included, is 0). The Gemma 4 processor does the same on text.
 
-use crate::error::{Error, Result};
+use crate::error::{Result, TokenizeError};
 
 /// Token type of text (and of the `boi` / `eoi` delimiters).
 pub const TOKEN_TYPE_TEXT: u32 = 0;
@@ -48,7 +48,7 @@ pub fn expand_image_tokens(
 ) -> Result<ExpandedPrompt> {
     let placeholders = count_image_placeholders(ids, tokens);
     if placeholders != counts.len() {
-        return Err(Error::ImageCountMismatch {
+        return Err(TokenizeError::ImageCountMismatch {
             placeholders,
             images: counts.len(),
             image_token_id: tokens.image,

@@ -42,7 +42,7 @@ mod stream;
 mod template;
 mod tokenizer;
 
-pub use error::{Error, Result};
+pub use error::{BoxError, Result, TokenizeError};
 pub use image::{
     count_image_placeholders, expand_image_tokens, ExpandedPrompt, ImageTokenIds, TOKEN_TYPE_IMAGE,
     TOKEN_TYPE_TEXT,

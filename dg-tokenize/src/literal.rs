@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use serde_json::Value;
 use tokenizers::{OffsetReferential, OffsetType};
 
-use crate::error::{Error, Result};
+use crate::error::{Result, TokenizeError};
 use crate::message::{Content, Message};
 
 /// Placeholder delimiters are taken from the supplementary private-use planes: a character no
@@ -35,9 +35,9 @@ pub(crate) fn pick_marker<'a>(inputs: impl IntoIterator<Item = &'a str>) -> Resu
         .flatten()
         .filter_map(char::from_u32)
         .find(|c| !used.contains(c))
-        .ok_or_else(|| Error::Encode {
+        .ok_or_else(|| TokenizeError::Encode {
             chars: used.len(),
-            message: "literal special tokens: the messages use every private-use character, \
+            source: "literal special tokens: the messages use every private-use character, \
                       none is left to mark their special-token strings"
                 .into(),
         })
@@ -130,9 +130,9 @@ impl<'a> Masker<'a> {
 
     /// `text` with its placeholders replaced by the strings they stand for.
     fn restore(&self, text: &str) -> Result<String> {
-        let broken = || Error::Encode {
+        let broken = || TokenizeError::Encode {
             chars: text.chars().count(),
-            message: "literal special tokens: the chat template cut a placeholder of a \
+            source: "literal special tokens: the chat template cut a placeholder of a \
                       special-token string in a message"
                 .into(),
         };
@@ -166,9 +166,9 @@ impl<'a> Masker<'a> {
             let text = self.restore(text)?;
             let enc = plain
                 .encode(text.as_str(), false)
-                .map_err(|e| Error::Encode {
+                .map_err(|e| TokenizeError::Encode {
                     chars: text.chars().count(),
-                    message: e.to_string(),
+                    source: e,
                 })?;
             ids.extend_from_slice(enc.get_ids());
             Ok(())

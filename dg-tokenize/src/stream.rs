@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::error::{Error, Result};
+use crate::error::{Result, TokenizeError};
 
 const REPLACEMENT: char = '\u{FFFD}';
 const SPM_SPACE: char = '\u{2581}';
@@ -76,9 +76,10 @@ impl PieceTable {
     pub(crate) fn new(tok: &tokenizers::Tokenizer, path: &std::path::Path) -> Result<Self> {
         let vocab = tok.get_vocab(true);
         if let Some((piece, id)) = vocab.iter().find(|(_, &id)| id as usize >= MAX_TOKEN_IDS) {
-            return Err(Error::TokenizerLoad {
+            return Err(TokenizeError::TokenizerLoad {
                 path: path.to_owned(),
-                message: format!("token `{piece}` has id {id}, over the limit of {MAX_TOKEN_IDS}"),
+                source: format!("token `{piece}` has id {id}, over the limit of {MAX_TOKEN_IDS}")
+                    .into(),
             });
         }
         let len = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
@@ -112,7 +113,7 @@ impl PieceTable {
         self.pieces
             .get(id as usize)
             .and_then(|p| p.as_deref())
-            .ok_or(Error::UnknownTokenId {
+            .ok_or(TokenizeError::UnknownTokenId {
                 id,
                 vocab_size: self.pieces.len(),
             })
@@ -324,9 +325,9 @@ impl StreamDetokenizer {
     fn decode(&self, ids: &[u32]) -> Result<String> {
         self.tokenizer
             .decode(ids, false)
-            .map_err(|e| Error::Decode {
+            .map_err(|e| TokenizeError::Decode {
                 len: ids.len(),
-                message: e.to_string(),
+                source: e,
             })
     }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
 use serde_json::Map;
 
-use crate::error::{Error, Result};
+use crate::error::{Result, TokenizeError};
 use crate::message::Message;
 use crate::pycompat;
 
@@ -110,7 +110,7 @@ impl ChatTemplate {
         if config.exists() {
             let text = dg_files::read_text(&config, TEMPLATE_SOURCE_MAX as u64)?;
             let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| Error::Json {
+                serde_json::from_str(&text).map_err(|source| TokenizeError::Json {
                     path: config.clone(),
                     source,
                 })?;
@@ -127,7 +127,7 @@ impl ChatTemplate {
                         .and_then(|t| t.as_str())
                     {
                         Some(s) => Self::compile(s.to_string(), Some(config)),
-                        None => Err(Error::field(
+                        None => Err(TokenizeError::field(
                             &config,
                             "chat_template",
                             "list of templates has no {\"name\": \"default\", \"template\": ...}",
@@ -136,7 +136,7 @@ impl ChatTemplate {
                 }
                 Some(serde_json::Value::Null) | None => {}
                 Some(_) => {
-                    return Err(Error::field(
+                    return Err(TokenizeError::field(
                         &config,
                         "chat_template",
                         "expected a string or a list of named templates",
@@ -144,14 +144,14 @@ impl ChatTemplate {
                 }
             }
         }
-        Err(Error::NoChatTemplate {
+        Err(TokenizeError::NoChatTemplate {
             dir: dir.to_path_buf(),
         })
     }
 
     fn compile(source: String, source_path: Option<PathBuf>) -> Result<Self> {
         if source.len() > TEMPLATE_SOURCE_MAX {
-            return Err(Error::Template {
+            return Err(TokenizeError::Template {
                 name: TEMPLATE_NAME.into(),
                 message: format!(
                     "the template has {} bytes, more than {TEMPLATE_SOURCE_MAX}",
@@ -165,7 +165,7 @@ impl ChatTemplate {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| TEMPLATE_NAME.to_string());
         env.add_template_owned(TEMPLATE_NAME, source)
-            .map_err(|e| Error::template(&name, &e))?;
+            .map_err(|e| TokenizeError::template(&name, &e))?;
         Ok(ChatTemplate {
             env,
             source_path,
@@ -213,10 +213,11 @@ impl ChatTemplate {
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), v.clone());
         }
-        let messages = serde_json::to_value(messages).map_err(|e| Error::Serialize {
-            what: "messages".into(),
-            message: e.to_string(),
-        })?;
+        let messages =
+            serde_json::to_value(messages).map_err(|source| TokenizeError::Serialize {
+                what: "messages".into(),
+                source,
+            })?;
         ctx.insert("messages".into(), messages);
         ctx.insert(
             "tools".into(),
@@ -240,18 +241,18 @@ impl ChatTemplate {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| Error::template(&name, &e))?;
+            .map_err(|e| TokenizeError::template(&name, &e))?;
         let mut out = CappedWriter(Vec::new());
         template
             .render_captured_to(Value::from_serialize(&ctx), &mut out)
             .map_err(|e| match out.0.len() >= TEMPLATE_OUTPUT_MAX {
-                true => Error::Template {
+                true => TokenizeError::Template {
                     name: name.clone(),
                     message: format!("the rendered prompt exceeds {TEMPLATE_OUTPUT_MAX} bytes"),
                 },
-                false => Error::template(&name, &e),
+                false => TokenizeError::template(&name, &e),
             })?;
-        String::from_utf8(out.0).map_err(|e| Error::Template {
+        String::from_utf8(out.0).map_err(|e| TokenizeError::Template {
             name,
             message: format!("the rendered prompt is not UTF-8: {e}"),
         })

@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::{json, Map, Value};
 use tokenizers::AddedToken;
 
-use crate::error::{Error, Result};
+use crate::error::{Result, TokenizeError};
 use crate::literal::{pick_marker, Masker};
 use crate::stream::{DecoderKind, PieceTable, StreamDetokenizer};
 use crate::template::{ChatTemplate, RenderOptions};
@@ -101,7 +101,7 @@ impl std::fmt::Debug for Tokenizer {
 /// Reads a JSON file of at most `max` bytes (a regular file; see `dg_files`).
 fn read_json(path: &Path, max: u64) -> Result<Value> {
     let text = dg_files::read_text(path, max)?;
-    serde_json::from_str(&text).map_err(|source| Error::Json {
+    serde_json::from_str(&text).map_err(|source| TokenizeError::Json {
         path: path.to_path_buf(),
         source,
     })
@@ -114,13 +114,13 @@ fn token_string(path: &Path, field: &str, v: &Value) -> Result<Option<String>> {
         Value::String(s) => Ok(Some(s.clone())),
         Value::Object(o) => match o.get("content") {
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            _ => Err(Error::field(
+            _ => Err(TokenizeError::field(
                 path,
                 field,
                 "token object has no string `content`",
             )),
         },
-        _ => Err(Error::field(
+        _ => Err(TokenizeError::field(
             path,
             field,
             "expected a string or a token object",
@@ -132,7 +132,7 @@ fn opt_bool(path: &Path, config: &Map<String, Value>, field: &str) -> Result<Opt
     match config.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(Error::field(path, field, "expected true or false")),
+        Some(_) => Err(TokenizeError::field(path, field, "expected true or false")),
     }
 }
 
@@ -147,7 +147,7 @@ struct TokenizerConfig {
 fn parse_config(path: &Path, json: &Value) -> Result<TokenizerConfig> {
     let obj = json
         .as_object()
-        .ok_or_else(|| Error::field(path, "<root>", "expected a JSON object"))?;
+        .ok_or_else(|| TokenizeError::field(path, "<root>", "expected a JSON object"))?;
     let mut cfg = TokenizerConfig {
         class: obj
             .get("tokenizer_class")
@@ -187,7 +187,7 @@ fn parse_config(path: &Path, json: &Value) -> Result<TokenizerConfig> {
                 }
             }
             Some(_) => {
-                return Err(Error::field(
+                return Err(TokenizeError::field(
                     path,
                     list_field,
                     "expected a mapping or a list of tokens",
@@ -202,13 +202,13 @@ fn parse_config(path: &Path, json: &Value) -> Result<TokenizerConfig> {
 fn apply_gemma_pipeline(path: &Path, json: &mut Value, unk_token: &str) -> Result<()> {
     let root = json
         .as_object_mut()
-        .ok_or_else(|| Error::field(path, "<root>", "expected a JSON object"))?;
+        .ok_or_else(|| TokenizeError::field(path, "<root>", "expected a JSON object"))?;
     let model = root
         .get_mut("model")
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| Error::field(path, "model", "missing or not an object"))?;
+        .ok_or_else(|| TokenizeError::field(path, "model", "missing or not an object"))?;
     if model.get("type").and_then(Value::as_str) != Some("BPE") {
-        return Err(Error::field(
+        return Err(TokenizeError::field(
             path,
             "model.type",
             "GemmaTokenizer needs a BPE model",
@@ -278,9 +278,9 @@ impl Tokenizer {
         // A null post-processor stays null: transformers' replacement (`$A` with no added tokens,
         // since it drops the add_bos/add_eos flags) encodes identically.
         let mut inner: tokenizers::Tokenizer =
-            serde_json::from_value(json).map_err(|e| Error::TokenizerLoad {
+            serde_json::from_value(json).map_err(|e| TokenizeError::TokenizerLoad {
                 path: path.clone(),
-                message: e.to_string(),
+                source: e.into(),
             })?;
 
         // Named / extra special tokens that tokenizer.json does not already declare.
@@ -361,18 +361,18 @@ impl Tokenizer {
     /// Decodes ids to text, as Python `tokenizer.decode(ids, skip_special_tokens=...)`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         if let Some(&id) = ids.iter().find(|&&id| !self.pieces.contains(id)) {
-            return Err(Error::UnknownTokenId {
+            return Err(TokenizeError::UnknownTokenId {
                 id,
                 vocab_size: self.vocab_size(),
             });
         }
-        let text = self
-            .inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| Error::Decode {
-                len: ids.len(),
-                message: e.to_string(),
-            })?;
+        let text =
+            self.inner
+                .decode(ids, skip_special_tokens)
+                .map_err(|e| TokenizeError::Decode {
+                    len: ids.len(),
+                    source: e,
+                })?;
         // transformers never applies its WordPiece-era cleanup to BPE models.
         Ok(if self.clean_up_spaces && !self.model_is_bpe {
             clean_up_tokenization(&text)
@@ -526,17 +526,17 @@ fn encode_with(
 ) -> Result<Vec<u32>> {
     let enc = tok
         .encode(text, add_special_tokens)
-        .map_err(|e| Error::Encode {
+        .map_err(|source| TokenizeError::Encode {
             chars: text.chars().count(),
-            message: e.to_string(),
+            source,
         })?;
     Ok(enc.get_ids().to_vec())
 }
 
 fn json_text(what: &str, value: &impl serde::Serialize) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| Error::Serialize {
+    serde_json::to_string(value).map_err(|source| TokenizeError::Serialize {
         what: what.into(),
-        message: e.to_string(),
+        source,
     })
 }
 

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use dg_tokenize::{
-    expand_image_tokens, ChatTemplate, DecoderKind, Error, ImageTokenIds, Message, RenderOptions,
-    Tokenizer,
+    expand_image_tokens, ChatTemplate, DecoderKind, ImageTokenIds, Message, RenderOptions,
+    TokenizeError, Tokenizer,
 };
 use serde_json::{Map, Value};
 
@@ -18,11 +18,7 @@ fn root() -> PathBuf {
 
 fn goldens() -> &'static Value {
     static G: OnceLock<Value> = OnceLock::new();
-    G.get_or_init(|| {
-        let path = root().join("tests/fixtures/goldens/tokenize.json");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-        serde_json::from_str(&text).expect("tokenize.json is JSON")
-    })
+    G.get_or_init(|| dg_testkit::load_json("tokenize.json"))
 }
 
 fn tokenizer() -> &'static Tokenizer {
@@ -174,7 +170,7 @@ fn chat_template_renders_byte_identical() {
         let got = template().render(&msgs, &opts);
         if let Some(err) = c.get("error") {
             assert!(
-                matches!(got, Err(Error::Template { .. })),
+                matches!(got, Err(TokenizeError::Template { .. })),
                 "{name}: Jinja2 raised {err}, we got {got:?}"
             );
             continue;
@@ -254,11 +250,11 @@ fn image_prompts_match_reference_splice() {
         more.push(4);
         assert!(matches!(
             expand_image_tokens(&raw, &image_ids, &more),
-            Err(Error::ImageCountMismatch { .. })
+            Err(TokenizeError::ImageCountMismatch { .. })
         ));
         assert!(matches!(
             expand_image_tokens(&raw, &image_ids, &counts[1..]),
-            Err(Error::ImageCountMismatch { .. })
+            Err(TokenizeError::ImageCountMismatch { .. })
         ));
     }
 }
@@ -358,7 +354,7 @@ fn template_from_dir_and_tokenizer_config_fallbacks() {
     let dir = tempfile::tempdir().unwrap();
     assert!(matches!(
         ChatTemplate::from_dir(dir.path()),
-        Err(Error::NoChatTemplate { .. })
+        Err(TokenizeError::NoChatTemplate { .. })
     ));
     let cfg = dir.path().join("tokenizer_config.json");
     std::fs::write(&cfg, r#"{"chat_template": "A{{ messages[0].content }}"}"#).unwrap();
@@ -383,7 +379,7 @@ fn template_from_dir_and_tokenizer_config_fallbacks() {
     std::fs::remove_file(dir.path().join("chat_template.jinja")).unwrap();
     assert!(matches!(
         ChatTemplate::from_dir(dir.path()),
-        Err(Error::Field { .. })
+        Err(TokenizeError::Field { .. })
     ));
 }
 
@@ -392,30 +388,33 @@ fn bad_inputs_are_typed_errors() {
     let dir = tempfile::tempdir().unwrap();
     let err = Tokenizer::from_dir(dir.path()).unwrap_err();
     assert!(
-        matches!(&err, Error::File(f) if f.is_not_found() && f.path().ends_with("tokenizer.json")),
+        matches!(&err, TokenizeError::File(f) if f.is_not_found() && f.path().ends_with("tokenizer.json")),
         "{err}"
     );
     std::fs::write(dir.path().join("tokenizer.json"), "{not json").unwrap();
     assert!(matches!(
         Tokenizer::from_dir(dir.path()),
-        Err(Error::Json { .. })
+        Err(TokenizeError::Json { .. })
     ));
     std::fs::write(dir.path().join("tokenizer.json"), r#"{"model": {}}"#).unwrap();
     assert!(matches!(
         Tokenizer::from_dir(dir.path()),
-        Err(Error::TokenizerLoad { .. })
+        Err(TokenizeError::TokenizerLoad { .. })
     ));
     let tok = tokenizer();
     let big = tok.vocab_size() as u32;
     assert!(matches!(
         tok.decode(&[1, big], false),
-        Err(Error::UnknownTokenId { .. })
+        Err(TokenizeError::UnknownTokenId { .. })
     ));
     let mut det = tok.stream_detokenizer();
-    assert!(matches!(det.push(big), Err(Error::UnknownTokenId { .. })));
+    assert!(matches!(
+        det.push(big),
+        Err(TokenizeError::UnknownTokenId { .. })
+    ));
     assert!(matches!(
         ChatTemplate::new("{% if %}"),
-        Err(Error::Template { .. })
+        Err(TokenizeError::Template { .. })
     ));
 }
 
@@ -526,7 +525,7 @@ fn public_types_are_thread_safe() {
     assert_send_sync::<Tokenizer>();
     assert_send_sync::<ChatTemplate>();
     assert_send_sync::<dg_tokenize::StreamDetokenizer>();
-    assert_send_sync::<Error>();
+    assert_send_sync::<TokenizeError>();
 }
 
 #[test]

@@ -1,12 +1,10 @@
 //! Special-token strings in messages kept as text (`Tokenizer::apply_chat_template_literal`,
 //! `Tokenizer::encode_literal`) on the tiny fixture's tokenizer and real chat template.
 
-use std::path::{Path, PathBuf};
-
 use dg_tokenize::{ChatTemplate, ContentPart, Message, RenderOptions, Tokenizer};
 
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny")
+fn dir() -> std::path::PathBuf {
+    dg_testkit::model_dir("tiny")
 }
 
 fn load() -> (Tokenizer, ChatTemplate) {

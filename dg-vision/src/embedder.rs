@@ -3,7 +3,7 @@
 
 use dg_core::checkpoint::Checkpoint;
 use dg_core::config::QuantizationConfig;
-use dg_core::model::linear::Linear;
+use dg_core::model::Linear;
 
 use crate::error::Result;
 use crate::tower::load_linear;

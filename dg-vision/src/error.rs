@@ -91,13 +91,14 @@ pub enum VisionError {
     /// A checkpoint file (`config.json`) is missing, not a regular file, or over its size cap.
     #[error(transparent)]
     File(#[from] dg_files::FileError),
-    /// The quantized-matrix layer rejected a tensor.
-    #[error("quantized tensor `{name}`: {message}")]
+    /// A dg-quant product rejected its operands.
+    #[error("{name}: {source}")]
     Quant {
-        /// The tensor's name.
+        /// The product at fault.
         name: String,
-        /// The quantization layer's message.
-        message: String,
+        /// The kernel's error.
+        #[source]
+        source: dg_quant::QuantError,
     },
     /// The prompt's image-token count differs from the number of feature rows.
     #[error(

@@ -1,5 +1,5 @@
 //! Image input for DiffusionGemma: the Gemma 4 image processor, the vision tower and the
-//! multimodal embedder, matching mlx-optiq 0.7.7 (see `REFERENCE.md`, item 15).
+//! multimodal embedder, matching mlx-optiq 0.7.7 (see [`patches`] for its one surprise).
 //!
 //! ```no_run
 //! use dg_vision::VisionModel;

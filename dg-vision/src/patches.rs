@@ -5,7 +5,7 @@
 //! * `2 * (patches - 0.5)` is evaluated in bfloat16,
 //! * the result is cast to `input_proj.weight.dtype` before the projection. With a plain
 //!   (bf16 / f32) `input_proj` that is exact. With a **quantized** `input_proj` the weight is the
-//!   packed uint32 array, so the patches are cast to **uint32** (REFERENCE.md item 15): values
+//!   packed uint32 array, so the patches are cast to **uint32** (as the reference does): values
 //!   are truncated toward zero and wrapped, so -1.0 (a 0 pixel) becomes 4294967295, 1.0 (a 255
 //!   pixel) becomes 1 and everything in between becomes 0. The quantized matmul then converts
 //!   them to its float type: 4294967296.0, 1.0 and 0.0. The inline-4-bit tower really computes

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use dg_core::checkpoint::{Checkpoint, FloatView};
 use dg_core::config::QuantizationConfig;
-use dg_core::model::linear::{Clip, Linear, PlainWeights, Storage};
+use dg_core::model::{Clip, Linear, PlainWeights, Storage};
 
 use crate::config::VisionConfig;
 use crate::error::{Result, VisionError};
@@ -257,19 +257,19 @@ impl VisionTower {
             let ks = &kh[kv * n * hd..(kv + 1) * n * hd];
             let vs = &vh[kv * n * hd..(kv + 1) * n * hd];
             // Scale 1.0: the q/k norms replace 1/sqrt(head_dim).
-            dg_quant::matmul_f32(qs, ks, n, hd, n, true, &mut scores).map_err(|e| {
+            dg_quant::matmul_f32(qs, ks, n, hd, n, true, &mut scores).map_err(|source| {
                 VisionError::Quant {
                     name: "vision attention scores".into(),
-                    message: e.to_string(),
+                    source,
                 }
             })?;
             scores
                 .par_chunks_mut(n)
                 .for_each(dg_quant::ops::softmax_inplace);
-            dg_quant::matmul_f32(&scores, vs, n, n, hd, false, &mut ctx).map_err(|e| {
+            dg_quant::matmul_f32(&scores, vs, n, n, hd, false, &mut ctx).map_err(|source| {
                 VisionError::Quant {
                     name: "vision attention values".into(),
-                    message: e.to_string(),
+                    source,
                 }
             })?;
             for tok in 0..n {

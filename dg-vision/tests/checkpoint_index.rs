@@ -8,47 +8,10 @@ use std::path::{Path, PathBuf};
 use dg_vision::{VisionError, VisionModel, WeightLayout};
 use serde_json::Value;
 
-const SIDECAR: &str = "optiq/optiq_vision.safetensors";
-const INDEX: &str = "model.safetensors.index.json";
+use dg_testkit::{sidecar_copy as with_sidecar_entries, INDEX, SIDECAR};
 
 fn sidecar_fixture() -> PathBuf {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/models/tiny-vision-sidecar"
-    ))
-    .to_path_buf()
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), to).unwrap();
-        }
-    }
-}
-
-/// A copy of the sidecar fixture at `<tmp>/ckpt`, its index's sidecar entries renamed to `file`.
-fn with_sidecar_entries(file: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ckpt");
-    copy_dir(&sidecar_fixture(), &dir);
-    let path = dir.join(INDEX);
-    let mut index: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let mut renamed = 0;
-    for v in index["weight_map"].as_object_mut().unwrap().values_mut() {
-        if v == SIDECAR {
-            *v = file.into();
-            renamed += 1;
-        }
-    }
-    assert!(renamed > 0, "the fixture's index names no {SIDECAR}");
-    std::fs::write(&path, index.to_string()).unwrap();
-    (tmp, dir)
+    dg_testkit::model_dir("tiny-vision-sidecar")
 }
 
 #[test]

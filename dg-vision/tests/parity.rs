@@ -5,9 +5,7 @@
 //! uint32-cast tables. Tower and embedder outputs must be within
 //! 1e-3 of the float32 reference, relative to each tensor's largest magnitude, per element.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
+use dg_testkit::{fixtures, load_json, Tensors};
 use dg_vision::patches::{mlx_f32_to_u32, patch_value, patch_value_quantized};
 use dg_vision::preprocess::rescale;
 use dg_vision::{
@@ -15,77 +13,6 @@ use dg_vision::{
     WeightLayout,
 };
 use half::bf16;
-use safetensors::{Dtype, SafeTensors};
-use serde_json::Value;
-
-fn fixtures() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures")).to_path_buf()
-}
-
-/// A golden safetensors file read into owned tensors.
-struct Goldens {
-    tensors: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
-}
-
-impl Goldens {
-    fn load(name: &str) -> Self {
-        let bytes = std::fs::read(fixtures().join("goldens").join(name)).expect("golden file");
-        let st = SafeTensors::deserialize(&bytes).expect("golden safetensors");
-        let tensors = st
-            .tensors()
-            .into_iter()
-            .map(|(k, v)| (k, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-            .collect();
-        Goldens { tensors }
-    }
-
-    fn raw(&self, name: &str) -> &(Dtype, Vec<usize>, Vec<u8>) {
-        self.tensors
-            .get(name)
-            .unwrap_or_else(|| panic!("golden tensor {name} missing"))
-    }
-
-    fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let (dt, shape, b) = self.raw(name);
-        assert_eq!(*dt, Dtype::F32, "{name}");
-        (
-            shape.clone(),
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        )
-    }
-
-    fn u32(&self, name: &str) -> Vec<u32> {
-        let (dt, _, b) = self.raw(name);
-        assert_eq!(*dt, Dtype::U32, "{name}");
-        b.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    fn i32(&self, name: &str) -> (Vec<usize>, Vec<i32>) {
-        let (dt, shape, b) = self.raw(name);
-        assert_eq!(*dt, Dtype::I32, "{name}");
-        (
-            shape.clone(),
-            b.chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        )
-    }
-
-    fn u8(&self, name: &str) -> (Vec<usize>, Vec<u8>) {
-        let (dt, shape, b) = self.raw(name);
-        assert_eq!(*dt, Dtype::U8, "{name}");
-        (shape.clone(), b.clone())
-    }
-}
-
-fn json(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixtures().join("goldens").join(name)).expect("golden json");
-    serde_json::from_str(&text).expect("golden json parses")
-}
 
 fn fnv1a64(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -98,12 +25,12 @@ fn fnv1a64(bytes: &[u8]) -> String {
 
 #[test]
 fn level_tables_match_numpy_and_mlx_exactly() {
-    let g = Goldens::load("vision_preprocess.safetensors");
-    let (_, rescaled) = g.f32("table.rescaled_f32");
-    let (_, pixel_bf16) = g.f32("table.pixel_bf16_as_f32");
-    let (_, patch) = g.f32("table.patch_bf16_as_f32");
+    let g = Tensors::load("vision_preprocess.safetensors");
+    let (_, rescaled) = g.f32_shaped("table.rescaled_f32");
+    let (_, pixel_bf16) = g.f32_shaped("table.pixel_bf16_as_f32");
+    let (_, patch) = g.f32_shaped("table.patch_bf16_as_f32");
     let as_u32 = g.u32("table.patch_as_u32");
-    let (_, u32_f32) = g.f32("table.patch_u32_as_f32");
+    let (_, u32_f32) = g.f32_shaped("table.patch_u32_as_f32");
     for level in 0..=255u8 {
         let i = level as usize;
         assert_eq!(
@@ -136,8 +63,8 @@ fn level_tables_match_numpy_and_mlx_exactly() {
 
 #[test]
 fn decoded_pixels_match_pillow() {
-    let g = Goldens::load("vision_preprocess.safetensors");
-    let meta = json("vision_preprocess.json");
+    let g = Tensors::load("vision_preprocess.safetensors");
+    let meta = load_json("vision_preprocess.json");
     for img in meta["images"].as_array().unwrap() {
         let file = img["file"].as_str().unwrap();
         let key = img["key"].as_str().unwrap();
@@ -149,7 +76,7 @@ fn decoded_pixels_match_pillow() {
             ExifOrientation::Ignore,
         )
         .unwrap();
-        let (shape, want) = g.u8(&format!("{key}.decoded"));
+        let (shape, want) = g.u8_shaped(&format!("{key}.decoded"));
         assert_eq!(
             vec![rgb.height, rgb.width, 3],
             shape,
@@ -158,7 +85,7 @@ fn decoded_pixels_match_pillow() {
         let diff: Vec<i32> = rgb
             .data
             .iter()
-            .zip(&want)
+            .zip(want)
             .map(|(&a, &b)| i32::from(a) - i32::from(b))
             .collect();
         let n_diff = diff.iter().filter(|&&d| d != 0).count();
@@ -184,16 +111,16 @@ fn decoded_pixels_match_pillow() {
 
 #[test]
 fn resized_images_match_pillow_bit_for_bit() {
-    let g = Goldens::load("vision_preprocess.safetensors");
-    let meta = json("vision_preprocess.json");
+    let g = Tensors::load("vision_preprocess.safetensors");
+    let meta = load_json("vision_preprocess.json");
     let proc = ImageProcessor::default();
     for img in meta["images"].as_array().unwrap() {
         let file = img["file"].as_str().unwrap();
         let key = img["key"].as_str().unwrap();
         // From Pillow's decoded pixels, so that the resize is tested on its own (JPEG decoding
         // differs, see decoded_pixels_match_pillow).
-        let (dshape, decoded) = g.u8(&format!("{key}.decoded"));
-        let p = proc.prepare_rgb(dshape[1], dshape[0], &decoded).unwrap();
+        let (dshape, decoded) = g.u8_shaped(&format!("{key}.decoded"));
+        let p = proc.prepare_rgb(dshape[1], dshape[0], decoded).unwrap();
         if !file.ends_with(".jpg") {
             let from_file = proc
                 .prepare_path(fixtures().join("images").join(file))
@@ -217,7 +144,7 @@ fn resized_images_match_pillow_bit_for_bit() {
             img["soft_tokens"].as_u64().unwrap(),
             "{file}: soft tokens"
         );
-        let (_, row_sums) = g.i32(&format!("{key}.resized_row_sums"));
+        let (_, row_sums) = g.i32_shaped(&format!("{key}.resized_row_sums"));
         for y in 0..p.height {
             let mut s = [0i32; 3];
             for px in p.rgb[y * p.width * 3..(y + 1) * p.width * 3].chunks_exact(3) {
@@ -246,15 +173,15 @@ fn resized_images_match_pillow_bit_for_bit() {
 
 #[test]
 fn resampler_matches_pillow_on_random_images() {
-    let g = Goldens::load("vision_preprocess.safetensors");
-    let meta = json("vision_preprocess.json");
+    let g = Tensors::load("vision_preprocess.safetensors");
+    let meta = load_json("vision_preprocess.json");
     for case in meta["resize_cases"].as_array().unwrap() {
         let key = case["key"].as_str().unwrap();
-        let (ishape, src) = g.u8(&format!("{key}.in"));
-        let (oshape, want) = g.u8(&format!("{key}.out"));
-        let got = dg_vision::resize_bicubic_rgb8(&src, ishape[0], ishape[1], oshape[0], oshape[1])
+        let (ishape, src) = g.u8_shaped(&format!("{key}.in"));
+        let (oshape, want) = g.u8_shaped(&format!("{key}.out"));
+        let got = dg_vision::resize_bicubic_rgb8(src, ishape[0], ishape[1], oshape[0], oshape[1])
             .unwrap();
-        let n_diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        let n_diff = got.iter().zip(want).filter(|(a, b)| a != b).count();
         assert_eq!(
             n_diff, 0,
             "{key}: {ishape:?} -> {oshape:?}: {n_diff} values differ"
@@ -285,19 +212,19 @@ const FEATURE_TOL: f32 = 1e-3;
 /// goldens) so that the JPEG decoder gap does not leak into the tower comparison; the resize
 /// from there on is ours (bit-identical, tested above).
 fn check_layout(layout: &str, model: &VisionModel) {
-    let g = Goldens::load("vision_features.safetensors");
-    let pre = Goldens::load("vision_preprocess.safetensors");
-    let meta = json("vision_features.json");
+    let g = Tensors::load("vision_features.safetensors");
+    let pre = Tensors::load("vision_preprocess.safetensors");
+    let meta = load_json("vision_features.json");
     let proc = model.processor();
     for img in meta["layouts"][layout]["images"].as_array().unwrap() {
         let file = img["file"].as_str().unwrap();
         let key = img["key"].as_str().unwrap();
-        let (dshape, decoded) = pre.u8(&format!("{}.decoded", file.replace('.', "_")));
-        let p = proc.prepare_rgb(dshape[1], dshape[0], &decoded).unwrap();
+        let (dshape, decoded) = pre.u8_shaped(&format!("{}.decoded", file.replace('.', "_")));
+        let p = proc.prepare_rgb(dshape[1], dshape[0], decoded).unwrap();
 
-        let (_, want_embed) = g.f32(&format!("{key}.patch_embed_head"));
+        let (_, want_embed) = g.f32_shaped(&format!("{key}.patch_embed_head"));
         let embed = model.embed_patches(&p).unwrap();
-        let (rel, abs) = rel_err(&embed[..want_embed.len()], &want_embed, 64);
+        let (rel, abs) = rel_err(&embed[..want_embed.len()], want_embed, 64);
         eprintln!("{layout} {file}: patch embeddings rel {rel:.2e} (abs {abs:.2e})");
         assert!(
             rel <= FEATURE_TOL,
@@ -305,18 +232,18 @@ fn check_layout(layout: &str, model: &VisionModel) {
         );
 
         if img["has_tower"].as_bool().unwrap() {
-            let (shape, want) = g.f32(&format!("{key}.tower"));
+            let (shape, want) = g.f32_shaped(&format!("{key}.tower"));
             let t = model.encode_tower(&p).unwrap();
             assert_eq!(
                 vec![t.tokens, t.hidden],
                 shape,
                 "{layout} {file}: tower shape"
             );
-            let (rel, abs) = rel_err(&t.data, &want, t.hidden);
+            let (rel, abs) = rel_err(&t.data, want, t.hidden);
             eprintln!("{layout} {file}: tower rel {rel:.2e} (abs {abs:.2e})");
             assert!(rel <= FEATURE_TOL, "{layout} {file}: tower rel error {rel}");
         }
-        let (shape, want) = g.f32(&format!("{key}.features"));
+        let (shape, want) = g.f32_shaped(&format!("{key}.features"));
         let f = model.encode(&p).unwrap();
         assert_eq!(
             vec![f.tokens, f.hidden],
@@ -324,7 +251,7 @@ fn check_layout(layout: &str, model: &VisionModel) {
             "{layout} {file}: features shape"
         );
         assert_eq!(f.tokens, p.soft_tokens);
-        let (rel, abs) = rel_err(&f.data, &want, f.hidden);
+        let (rel, abs) = rel_err(&f.data, want, f.hidden);
         eprintln!("{layout} {file}: features rel {rel:.2e} (abs {abs:.2e})");
         assert!(
             rel <= FEATURE_TOL,
@@ -345,10 +272,10 @@ fn inline_4bit_tower_matches_reference() {
 fn the_uint32_quirk_changes_the_features() {
     // Same image, same tower weights up to 4-bit rounding: the inline layout's features
     // differ wholesale from the sidecar's because its tower sees only saturated pixels.
-    let g = Goldens::load("vision_features.safetensors");
-    let (_, inline) = g.f32("inline.normal_png.features");
-    let (_, sidecar) = g.f32("sidecar.normal_png.features");
-    let (rel, _) = rel_err(&inline, &sidecar, 64);
+    let g = Tensors::load("vision_features.safetensors");
+    let (_, inline) = g.f32_shaped("inline.normal_png.features");
+    let (_, sidecar) = g.f32_shaped("sidecar.normal_png.features");
+    let (rel, _) = rel_err(inline, sidecar, 64);
     assert!(
         rel > 0.5,
         "inline and sidecar features are too alike ({rel})"

@@ -7,7 +7,7 @@
    (`cargo run --release --example train_lora`, lr 1e-2 so that 30 iterations move it enough
    to change generations).
 2. The reference loads it with its own `load_diffusion_lora` (mlx-optiq 0.7.7, bf16 as shipped)
-   and must see its logits change; then, in float32 (REFERENCE.md "How to compare against it"),
+   and must see its logits change; then, in float32 (as every golden is compared),
    the adapter is mounted the same way (dump_lora_goldens.mount) and generations run through the
    reference's `stream_diffusion_generate` for both samplers.
 3. dg generates the same cases with `--adapter` (examples/generate.rs --json) and the tokens

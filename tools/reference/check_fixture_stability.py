@@ -6,7 +6,7 @@ Reference: mlx-optiq 0.7.7 / mlx 0.32.4 / mlx-lm 0.32.2 on the CPU. Run with the
     /work/refenv/bin/python tools/reference/check_fixture_stability.py [--fixtures tiny ...]
         [--seeds 0 1 2 3 4 5] [--perturb-seeds 101 202] [--json out.json]
 
-Method (REFERENCE.md, "Making random-weight checkpoints useful for tests"): load the fixture with
+Method: load the fixture with
 `load_diffusion_gemma`, cast to float32 (`model.set_dtype(mx.float32)`), run the reference's
 `stream_diffusion_generate` exactly as the public `optiq.vlm.diffusion_gemma.generate.
 stream_generate` calls it, then rerun every (prompt, seed, sampler, temperature, options) case with

@@ -7,7 +7,7 @@ Reference: mlx-optiq 0.7.7 / mlx 0.32.4 / mlx-lm 0.32.2 on the CPU. Run after ma
     .venv-ref/bin/python tools/reference/dump_lora_grad_goldens.py
 
 The model is the `tiny` fixture loaded by the reference's `optiq.vlm.diffusion_gemma.generate.load`
-and cast with `model.set_dtype(mx.float32)` (REFERENCE.md, "How to compare against it"); the
+and cast with `model.set_dtype(mx.float32)` (as every golden script does); the
 router's top-k indices are stop-gradiented (lora_reference.py: as shipped the reference cannot
 take this gradient). `linear_to_lora_layers` adapts every layer with DEFAULT_LORA_KEYS, rank 8,
 scale 8.0, dropout 0; then every factor is set to seeded random values: lora_a U(+-1/sqrt(in))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goldens for dg's LoRA trainer (dg-engine/src/train.rs), from the reference's own training loop.
+"""Goldens for dg's LoRA trainer (dg-engine/src/train/), from the reference's own training loop.
 
 Reference: mlx-optiq 0.7.7 / mlx 0.32.4 / mlx-lm 0.32.2 on the CPU. Run after make_checkpoints.py:
 
@@ -10,9 +10,9 @@ tests/fixtures/lora/train.jsonl (the three line formats, a blank line, an empty 
 with three interventions, each by patching a name the trainer looks up at call time:
 
 - the model is cast to float32 after loading (`lora.load` wrapped: `model.set_dtype(mx.float32)`,
-  as every golden script does; REFERENCE.md "How to compare against it");
+  as every golden script does);
 - the router's top-k indices are stop-gradiented (lora_reference.py): as shipped the trainer
-  cannot take a gradient (REFERENCE.md item 17);
+  cannot take a gradient;
 - `mx.random.seed(SEED)` right before `linear_to_lora_layers` (wrapped): the trainer's own `seed`
   parameter is never used (a reference bug), so without it the LoRA init and the corruption draws
   depend on the wall clock. dg's `--seed S` starts from exactly this state.

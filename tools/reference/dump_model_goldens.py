@@ -12,7 +12,7 @@ Writes tests/fixtures/goldens/model_tiny.safetensors (f32 tensors, i32 ids) and 
 Everything comes from the FLOAT32 reference (`load_diffusion_gemma`, then
 `model.set_dtype(mx.float32)`: packed uint32 weights unchanged, bf16 scales/biases/norms widened
 exactly), except the `bf16.*` tensors, which come from the checkpoint as shipped (bf16) and are
-only good for a closeness check (REFERENCE.md, "How to compare against it").
+only good for a closeness check.
 
 Cases (`short`: a 6-token prompt, shorter than the sliding window 8; `long`: a 21-token prompt,
 longer than twice the window; `cont`: the `long` cache after the engine appends a 16-token
@@ -248,7 +248,7 @@ def noise(bf16: mx.array, f32: mx.array) -> dict:
 
 
 def quality(t: dict, model, cfg: dict, caches) -> dict:
-    """How usable the fixture is for tests (see REFERENCE.md's recipe)."""
+    """How usable the fixture is for tests (see the recipe in make_checkpoints.py)."""
     out = {}
     tops, gaps, eos = [], [], []
     eos_ids = set(cfg["eos_token_id"])

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Dump goldens for dg-engine's MLX-compatible RNG (dg-engine/src/rng.rs).
+"""Dump goldens for dg-engine's MLX-compatible RNG (dg-engine/src/research/rng.rs).
 
 Reference: mlx 0.32.4 / mlx-cpu 0.32.4 on the CPU (Linux x86-64). Run with the reference venv:
 

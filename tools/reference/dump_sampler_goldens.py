@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Dump goldens for dg-engine's sampler (dg-engine/src/sampler.rs, mlx_math.rs).
+"""Dump goldens for dg-engine's sampler (dg-engine/src/research/sampler.rs, mlx_math.rs).
 
 Reference: mlx-optiq 0.7.7 on mlx 0.32.4 / mlx-cpu 0.32.4 (Linux x86-64 CPU). Every output comes
 from the reference's own functions in optiq/vlm/_mlxvlm/generate/diffusion.py, called on

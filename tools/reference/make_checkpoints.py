@@ -11,17 +11,17 @@ re-implementation of it: the reference `Model` is built from the config in bfloa
 weights are set on it, `mlx_lm.utils.quantize_model` quantizes it with the real checkpoint's bit
 plan, and `mlx_lm.utils.save_model` / `save_config` write it (what OptiQ's convert does).
 
-Bit plan (the real checkpoint's, see REFERENCE.md): 8-bit attention q/k/v/o, dense mlp.*,
+Bit plan (the real checkpoint's): 8-bit attention q/k/v/o, dense mlp.*,
 router.proj (explicit per-module entries in config.json, as quantize_model writes for a predicate
 that returns a dict); 4-bit embed_tokens, experts, self_conditioning (the config's default bits:
 no per-module entry, so the loader's `<path>.scales` fallback is exercised too); norms, router
 scale / per_expert_scale and layer scalars stay bfloat16.
 
-Weights follow the fixture recipe in REFERENCE.md ("Making random-weight checkpoints useful for
-tests"): heavy-tailed tied embedding rows, final-norm weights of magnitude 1.5-2.5 with random
-signs, a planted routing code (so top-k never nearly ties), q/k norm weights 0.4-0.7, post norms
-0.2-0.5, self_conditioning.down_proj scaled by 0.1, encoder layer scalars different from the
-decoder's, per_expert_scale not all ones. Everything is seeded: reruns give identical files.
+Weights follow a recipe that makes random-weight checkpoints useful for tests: heavy-tailed tied
+embedding rows, final-norm weights of magnitude 1.5-2.5 with random signs, a planted routing code
+(so top-k never nearly ties), q/k norm weights 0.4-0.7, post norms 0.2-0.5,
+self_conditioning.down_proj scaled by 0.1, encoder layer scalars different from the decoder's,
+per_expert_scale not all ones. Everything is seeded: reruns give identical files.
 
 Also writes generation_config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja,
 processor_config.json, optiq_metadata.json, and verifies each fixture by loading it with
@@ -260,7 +260,7 @@ def fixture_weights(spec: dict, names_shapes: dict[str, tuple], eos_ids: list[in
     w[f"{sc}.pre_norm.weight"] = _uniform(rng, (H,), 0.8, 1.2)
     w[f"{sc}.gate_proj.weight"] = _normal(rng, (I, H), 1.0 / np.sqrt(H))
     w[f"{sc}.up_proj.weight"] = _normal(rng, (I, H), 1.0 / np.sqrt(H))
-    # Scaled by 0.1 so the self-conditioning feedback is contractive (REFERENCE.md).
+    # Scaled by 0.1 so the self-conditioning feedback is contractive.
     w[f"{sc}.down_proj.weight"] = _normal(rng, (H, I), 0.1 / np.sqrt(I)) * keep[:, None]
 
     missing = set(names_shapes) - set(w)
@@ -348,7 +348,7 @@ def shards_of(n: int):
 
 def generation_config(token_ids: dict[str, int]) -> dict:
     """HF-style generation_config.json as the real model ships it (DiffusionGemmaGeneration-
-    Config fields). The reference never reads it (REFERENCE.md item 1): the real file lists
+    Config fields). The reference never reads it: the real file lists
     eos [1, 106, 50], while the reference stops on {1, 106}; the fixture mirrors that."""
     return {
         "bos_token_id": token_ids["<bos>"],
@@ -367,8 +367,7 @@ def generation_config(token_ids: dict[str, int]) -> dict:
 
 def tokenizer_config() -> dict:
     """transformers-5 style tokenizer_config.json for GemmaTokenizer. add_bos_token is false:
-    the reference encodes a text prompt with add_special_tokens=True and gets no BOS
-    (REFERENCE.md item 3)."""
+    the reference encodes a text prompt with add_special_tokens=True and gets no BOS."""
     return {
         "add_bos_token": False,
         "add_eos_token": False,
@@ -396,7 +395,7 @@ def tokenizer_config() -> dict:
 
 def processor_config() -> dict:
     """Gemma 4 processor defaults (transformers 5.12). The reference's public path ignores this
-    file and hard-codes patch 16 / pooling 3 / 280 soft tokens (REFERENCE.md item 15)."""
+    file and hard-codes patch 16 / pooling 3 / 280 soft tokens."""
     return {
         "audio_ms_per_token": 40,
         "audio_seq_length": 750,

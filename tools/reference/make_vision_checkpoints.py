@@ -23,8 +23,8 @@ bit plan (`make_checkpoints.bit_plan`): with `quantize_vision=True` the tower is
 at the default 4 bits (`mlp.down_proj`, whose in-dim 96 is not a multiple of 64, stays bf16 like
 the real checkpoint's 4304-wide one); with the default `quantize_vision=False` convert lifts the
 tower into the bf16 sidecar through `optiq.sidecars.attach_sidecars` / `build_vision_sidecar`.
-mlx-optiq 0.7.7 writes that sidecar at the checkpoint root; the published checkpoint (and
-REFERENCE.md) has it under `optiq/`, where the reference loader looks first, so it is moved there.
+mlx-optiq 0.7.7 writes that sidecar at the checkpoint root; the published checkpoint has it
+under `optiq/`, where the reference loader looks first, so it is moved there.
 The published revision's `model.safetensors.index.json` also lists every sidecar tensor (under its
 sidecar name, e.g. `embed_vision.embedding_projection.weight`) with the file
 `optiq/optiq_vision.safetensors`: OptiQ's `optiq.vlm.sidecar._register_vision_in_index` writes
@@ -229,7 +229,7 @@ def finish_fixture(out: pathlib.Path, name: str, inline: bool) -> None:
     del n_vision
     mc.write_json(out / "optiq_metadata.json", meta)
     # convert copies the base's config-free aux files; write the processor config the real
-    # checkpoint ships (the reference ignores it, REFERENCE.md item 15).
+    # checkpoint ships (the reference ignores it).
     mc.write_json(out / "processor_config.json", mc.processor_config())
 
 
@@ -256,7 +256,7 @@ def make_images() -> None:
     IMAGES.mkdir(parents=True)
 
     # normal.png: 64 x 48 RGB with a pure black and a pure white block: the inline 4-bit
-    # tower only sees saturated pixels (REFERENCE.md item 15), so both must occur.
+    # tower only sees saturated pixels, so both must occur.
     a = _gradient(48, 64, rng)
     a[6:22, 8:30] = 0
     a[28:44, 36:60] = 255

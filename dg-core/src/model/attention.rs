@@ -16,7 +16,6 @@ use super::batch::Segments;
 use super::cache::LayerCache;
 use super::linear::Linear;
 use super::rope::Rope;
-use crate::config::LayerType;
 use crate::error::CoreError;
 
 /// Who may attend to whom within one sequence of an attention call.
@@ -38,8 +37,6 @@ pub enum AttentionMask<'a> {
 /// Attention weights of one layer.
 #[derive(Debug)]
 pub struct Attention {
-    /// Sliding or full attention.
-    pub layer_type: LayerType,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads (each shared by `heads / kv_heads` query heads).

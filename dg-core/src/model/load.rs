@@ -51,7 +51,6 @@ impl TextModel {
             let kv = t.kv_heads_of(lt);
             let heads = t.num_attention_heads;
             let attention = Attention {
-                layer_type: lt,
                 heads,
                 kv_heads: kv,
                 head_dim: hd,

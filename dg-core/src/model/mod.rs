@@ -2,15 +2,18 @@
 //! prompt (and each committed block) into the [`KvCache`]; the decoder runs a canvas over the
 //! cache bidirectionally and returns vocabulary logits through the tied, soft-capped head.
 
-pub mod attention;
-pub mod batch;
-pub mod cache;
-pub mod layer;
-pub mod linear;
-pub mod mlp;
-pub mod moe;
-pub mod rope;
-pub mod self_conditioning;
+// The layers and their weights are this crate's business (their `pub` items reach no further
+// than this crate): other crates see the model, its cache and inputs, and the linear type the
+// vision tower shares.
+pub(crate) mod attention;
+pub(crate) mod batch;
+pub(crate) mod cache;
+pub(crate) mod layer;
+pub(crate) mod linear;
+pub(crate) mod mlp;
+pub(crate) mod moe;
+pub(crate) mod rope;
+pub(crate) mod self_conditioning;
 
 mod load;
 
@@ -20,12 +23,12 @@ use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
 use crate::lora::{split_module_path, Adapter, DEFAULT_LORA_KEYS};
 use attention::AttentionMask;
-use batch::Segments;
-use cache::{KvCache, LayerCache};
 use layer::{Layer, Pass};
-use linear::Linear;
 use self_conditioning::SelfConditioningBlock;
 
+pub use batch::Segments;
+pub use cache::{KvCache, LayerCache};
+pub use linear::{Clip, Linear, PlainWeights, Storage};
 pub use load::{sanitize_options, LoadProgress};
 
 /// What the decoder's self-conditioning input is for one canvas pass.
@@ -216,10 +219,10 @@ impl TextModel {
         Ok(out.pop().expect("one output per input"))
     }
 
-    /// Encoder pass over several sequences at once, each appended to its own cache (see
-    /// [`batch`]). Returns each sequence's final-normed hidden states `[len, hidden]`.
-    /// `observe` sees each layer's packed output. Every input is checked before any cache
-    /// changes.
+    /// Encoder pass over several sequences at once, packed one after another (no padding),
+    /// each appended to its own cache. Returns each sequence's final-normed hidden states
+    /// `[len, hidden]`. `observe` sees each layer's packed output and the sequences' rows in it
+    /// ([`Segments`]). Every input is checked before any cache changes.
     pub fn encode_batch(
         &self,
         inputs: &mut [EncoderInput<'_>],
@@ -327,7 +330,8 @@ impl TextModel {
         Ok(out.pop().expect("one output per input"))
     }
 
-    /// Decoder passes of several canvases at once (see [`batch`]), each over its own cache.
+    /// Decoder passes of several canvases at once, packed like
+    /// [`encode_batch`](Self::encode_batch), each over its own cache.
     /// Returns each canvas's soft-capped logits `[canvas, vocab]`.
     pub fn decode_batch(&self, inputs: &[DecoderInput<'_>]) -> Result<Vec<Vec<f32>>, CoreError> {
         let mut logits = Vec::new();

@@ -1,6 +1,6 @@
 //! The routed mixture of experts that runs beside the dense MLP in every layer.
 //!
-//! Routing follows the reference exactly (LESSONS.md): the router sees the *raw* residual,
+//! Routing follows the reference exactly: the router sees the *raw* residual,
 //! normalized by the literal two-step `rms_norm(x) * scale * hidden^-0.5`; the top-k are chosen
 //! like `argpartition` (on equal scores the larger expert index wins); the weights are
 //! `softmax(top-k scores) * per_expert_scale`, not renormalized.

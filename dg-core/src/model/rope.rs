@@ -1,7 +1,7 @@
 //! Rotary position embeddings: default RoPE on sliding layers, proportional partial RoPE on
 //! full-attention layers. Both rotate pairs `(x[i], x[i + head_dim/2])` ("rotate half", MLX's
 //! `traditional=False`); proportional RoPE rotates only the first `rotated/2` pairs with
-//! frequencies relative to the full head dimension (REFERENCE.md item 12).
+//! frequencies relative to the full head dimension, as the reference does.
 
 use crate::config::RopeParameters;
 

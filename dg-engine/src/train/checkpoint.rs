@@ -43,6 +43,13 @@ struct State {
     weight_decay: f64,
 }
 
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
 fn file_err(path: &Path, reason: impl ToString) -> TrainError {
     TrainError::File {
         path: path.to_owned(),
@@ -54,8 +61,8 @@ fn file_err(path: &Path, reason: impl ToString) -> TrainError {
 /// save leaves the previous file whole.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| file_err(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| file_err(path, e))
+    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -110,11 +117,11 @@ impl<'m> Trainer<'m> {
     /// data order, max canvas, AdamW settings) all come from the checkpoint.
     pub fn resume(model: &'m DiffusionGemma, data: &Path, dir: &Path) -> Result<Self, TrainError> {
         let state_path = dir.join(STATE_FILE);
-        let meta = std::fs::metadata(&state_path).map_err(|e| file_err(&state_path, e))?;
+        let meta = std::fs::metadata(&state_path).map_err(io_err(&state_path))?;
         if meta.len() > MAX_STATE_BYTES {
             return Err(file_err(&state_path, "too large for a trainer state file"));
         }
-        let text = std::fs::read_to_string(&state_path).map_err(|e| file_err(&state_path, e))?;
+        let text = std::fs::read_to_string(&state_path).map_err(io_err(&state_path))?;
         let state: State = serde_json::from_str(&text).map_err(|e| file_err(&state_path, e))?;
         if state.format != FORMAT {
             return Err(file_err(
@@ -204,7 +211,7 @@ fn check_adapter_fits(
 }
 
 fn read_moments(path: &Path, adapter: &Adapter) -> Result<BTreeMap<String, Moments>, TrainError> {
-    let bytes = std::fs::read(path).map_err(|e| file_err(path, e))?;
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| file_err(path, e))?;
     let read = |name: &str, len: usize| -> Result<Vec<f32>, TrainError> {
         let view = st

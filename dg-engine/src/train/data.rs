@@ -43,9 +43,9 @@ pub struct EncodedPair {
 /// Stricter than the reference, which silently drops a line of none of the three forms: such
 /// a line, a non-string field and malformed JSON are errors naming the file and line.
 pub fn read_pairs(path: &Path) -> Result<Vec<TrainPair>, TrainError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::File {
+    let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io {
         path: path.to_owned(),
-        reason: e.to_string(),
+        source,
     })?;
     let mut pairs = Vec::new();
     for (i, raw) in text.lines().enumerate() {

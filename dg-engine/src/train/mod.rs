@@ -64,7 +64,16 @@ pub enum TrainError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A file (data, checkpoint) is unreadable, unwritable or malformed.
+    /// A file (data, checkpoint) could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file (data, checkpoint) is malformed.
     #[error("{}: {reason}", path.display())]
     File {
         /// The file or directory.

@@ -1,120 +1,14 @@
-//! Golden files written by tools/reference (see its README for how to regenerate them).
-//! (Each test binary uses a different subset of these helpers.)
+//! The engine's side of the goldens (requests and generations of `generate_tiny.json`); the
+//! files themselves load through dg-testkit. (Each test binary uses a different subset.)
 #![allow(dead_code)]
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-
-use dg_engine::rng::Key;
+use dg_engine::research::rng::Key;
 use dg_engine::{
     Defaults, Event, FinishReason, Generation, GenerationSettings, Message, Request, Sampler,
 };
-use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-/// Repository-level `tests/fixtures/`.
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
-
-/// All tensors of one golden safetensors file, as raw little-endian bytes.
-pub struct Tensors(HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>);
-
-impl Tensors {
-    pub fn load(file: &str) -> Self {
-        let path = fixtures().join("goldens").join(file);
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
-        let map = st
-            .tensors()
-            .into_iter()
-            .map(|(name, view)| {
-                let entry = (view.dtype(), view.shape().to_vec(), view.data().to_vec());
-                (name, entry)
-            })
-            .collect();
-        Self(map)
-    }
-
-    fn raw(&self, name: &str, dtype: Dtype) -> (&[usize], &[u8]) {
-        let (dt, shape, data) = self
-            .0
-            .get(name)
-            .unwrap_or_else(|| panic!("golden tensor {name} missing"));
-        assert_eq!(*dt, dtype, "dtype of {name}");
-        (shape, data)
-    }
-
-    fn words(&self, name: &str, dtype: Dtype) -> Vec<u32> {
-        let (_, data) = self.raw(name, dtype);
-        data.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    pub fn shape(&self, name: &str) -> Vec<usize> {
-        self.0
-            .get(name)
-            .unwrap_or_else(|| panic!("golden tensor {name} missing"))
-            .1
-            .clone()
-    }
-
-    pub fn u32(&self, name: &str) -> Vec<u32> {
-        self.words(name, Dtype::U32)
-    }
-
-    pub fn i32(&self, name: &str) -> Vec<i32> {
-        self.words(name, Dtype::I32)
-            .into_iter()
-            .map(|w| w as i32)
-            .collect()
-    }
-
-    pub fn f32(&self, name: &str) -> Vec<f32> {
-        self.words(name, Dtype::F32)
-            .into_iter()
-            .map(f32::from_bits)
-            .collect()
-    }
-
-    /// `f32` with the tensor's shape.
-    pub fn f32_shaped(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        (self.shape(name), self.f32(name))
-    }
-
-    /// `i32` with the tensor's shape.
-    pub fn i32_shaped(&self, name: &str) -> (Vec<usize>, Vec<i32>) {
-        (self.shape(name), self.i32(name))
-    }
-
-    pub fn bf16_as_f32(&self, name: &str) -> Vec<f32> {
-        let (_, data) = self.raw(name, Dtype::BF16);
-        data.chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-            .collect()
-    }
-}
-
-/// A golden JSON file.
-pub fn load_json(file: &str) -> Value {
-    let path = fixtures().join("goldens").join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("valid json")
-}
-
-pub fn usizes(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("unsigned") as usize)
-        .collect()
-}
-
-/// Token ids of a JSON array.
-pub fn ids(v: &Value) -> Vec<u32> {
-    usizes(v).into_iter().map(|x| x as u32).collect()
-}
+use dg_testkit::{ids, load_json, usizes};
 
 pub fn key_of(v: &Value) -> Key {
     let k = usizes(v);

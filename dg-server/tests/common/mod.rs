@@ -5,17 +5,13 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dg_engine::{DiffusionGemma, Scheduler, SchedulerOptions};
 use dg_server::{Server, ServerOptions};
 use serde_json::Value;
-
-pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
 
 /// A running server; dropping it shuts it down.
 pub struct TestServer {
