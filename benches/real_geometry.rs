@@ -6,14 +6,19 @@
 //!   block, every layer, final norm), the tied head, and the self-conditioning signal of the
 //!   next step (softmax rows, soft embeddings with the exact sparse product);
 //! - a whole block of generation (the engine's loop: the parts above plus the sampler), per step;
-//! - prefill of 256 / 1024 / 4096 prompt tokens.
+//! - prefill of 256 / 1024 / 4096 prompt tokens;
+//! - the vision tower (27 layers of the real geometry, random bf16 weights written to a
+//!   temporary folder) and the embedder on one 1920x1080 image at the real budget of 280 soft
+//!   tokens.
 //!
 //! Each part prints its time, its dense FLOP count (every product as a dense matrix product,
 //! attention over the keys each row sees), the dense floor (FLOPs over the FMA peak of the same
 //! threads, probed between the parts) and the ratio time / floor; then peak RSS.
 //!
 //! `cargo bench --bench real_geometry -- [--model DIR] [--threads 1,2] [--prompts 256,1024,4096]
-//! [--steps 2] [--skip-block]`
+//! [--steps 2] [--skip-block] [--skip-vision]`
+
+mod common;
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -23,6 +28,7 @@ use anyhow::{bail, Context, Result};
 use dg_core::config::{LayerType, TextConfig};
 use dg_core::{SelfConditioning, TextModel};
 use dg_engine::{DiffusionGemma, Request, Sampler};
+use dg_vision::{ImageProcessor, PreparedImage, VisionModel};
 
 struct Args {
     model: PathBuf,
@@ -30,6 +36,7 @@ struct Args {
     prompts: Vec<usize>,
     steps: usize,
     block: bool,
+    vision: bool,
 }
 
 fn list(v: &str) -> Result<Vec<usize>> {
@@ -53,6 +60,7 @@ fn args() -> Result<Args> {
         prompts: vec![256, 1024, 4096],
         steps: 2,
         block: true,
+        vision: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -64,6 +72,7 @@ fn args() -> Result<Args> {
             "--prompts" => a.prompts = list(&value()?)?,
             "--steps" => a.steps = value()?.parse()?,
             "--skip-block" => a.block = false,
+            "--skip-vision" => a.vision = false,
             other => bail!("unknown option {other}"),
         }
     }
@@ -204,9 +213,7 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
 
 fn softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
     let mut p = vec![0.0; logits.len()];
-    for (row, out) in logits.chunks_exact(vocab).zip(p.chunks_exact_mut(vocab)) {
-        dg_quant::mlx::softmax(row, out);
-    }
+    dg_quant::mlx::softmax_rows(logits, vocab, &mut p);
     p
 }
 
@@ -232,6 +239,20 @@ fn block_per_step(engine: &DiffusionGemma) -> Result<Row> {
         seconds: (s - prefill) / steps as f64,
         flops: decoder_flops(t, canvas_len, prompt.len())
             + 4.0 * (canvas_len * t.hidden_size * t.vocab_size) as f64,
+    })
+}
+
+/// The vision tower and embedder on `image`.
+fn vision_part(vision: &VisionModel, image: &PreparedImage) -> Result<Row> {
+    let (_, s) = time(|| Ok(vision.encode(image)?))?;
+    let patches = (image.height / image.patch_size) * (image.width / image.patch_size);
+    Ok(Row {
+        part: format!(
+            "vision tower + embedder ({patches} patches, {} tokens)",
+            image.soft_tokens
+        ),
+        seconds: s,
+        flops: common::tower::flops(common::tower::REAL_LAYERS, patches, image.soft_tokens),
     })
 }
 
@@ -269,6 +290,20 @@ fn main() -> Result<()> {
         return Ok(());
     }
     println!("checkpoint: {}", a.model.display());
+    let tower = a
+        .vision
+        .then(|| common::tower::write(common::tower::REAL_LAYERS));
+    let vision = match &tower {
+        Some(dir) => {
+            let (w, h) = (1920usize, 1080usize);
+            let rgb: Vec<u8> = (0..w * h * 3)
+                .map(|i| ((i / 3) % w * 255 / w) as u8)
+                .collect();
+            let image = ImageProcessor::default().prepare_rgb(w, h, &rgb)?;
+            Some((VisionModel::load(dir.path())?, image))
+        }
+        None => None,
+    };
     println!("part | threads | seconds | GFLOP (dense) | floor s | time / floor");
     for &threads in &a.threads {
         let engine = DiffusionGemma::builder(&a.model).threads(threads).load()?;
@@ -295,6 +330,9 @@ fn main() -> Result<()> {
         }
         if a.block {
             rows.push(block_per_step(&engine)?);
+        }
+        if let Some((vision, image)) = &vision {
+            rows.push(pool.install(|| vision_part(vision, image))?);
         }
         let peak = 0.5 * (peak_before + fma_peak(&pool));
         println!("# {threads} thread(s): FMA peak {:.1} GFLOP/s", peak / 1e9);

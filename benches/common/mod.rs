@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod tower;
+
 use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
 
 /// Deterministic xorshift for the bench data.

@@ -3,6 +3,14 @@
 //! is a plain left-to-right loop (see dg-engine's `mlx_math` for the rest of the story and the
 //! kernels only the sampler and the RNG use). They live here so that the decoder's
 //! self-conditioning (dg-core) and the sampler (dg-engine) share one softmax.
+//!
+//! The exps of a row run on the best kernels ([`exp_shifted`]: eight lanes with hardware
+//! fused multiply-adds where the CPU has them, the same bits as [`exp`]); the sums stay left to
+//! right, as MLX's, and rows run in parallel ([`softmax_rows`]).
+
+use rayon::prelude::*;
+
+use crate::kernels::{with_kernel, Kernel, Kernels};
 
 /// MLX's CPU `exp` (`simd::exp` in `mlx/backend/cpu/simd/math.h`), bit for bit.
 ///
@@ -58,21 +66,52 @@ pub fn max(xs: &[f32]) -> f32 {
     xs.iter().fold(f32::NEG_INFINITY, |acc, &x| maximum(x, acc))
 }
 
-/// The `Softmax` primitive for f32 (`mlx/backend/cpu/softmax.cpp`; `precise` changes nothing
-/// for f32 input) over one row: `e = exp(x - max)`, `out = e * (1 / sum(e))`: a multiplication
-/// by the reciprocal, not a division. `out` must be as long as `xs`.
-pub fn softmax(xs: &[f32], out: &mut [f32]) {
-    let m = max(xs);
+/// `out[i] = exp(xs[i] - shift)` for `i < min(xs.len(), out.len())`, on the best kernels
+/// (the same bits as [`exp`] on every kernel).
+pub fn exp_shifted(xs: &[f32], shift: f32, out: &mut [f32]) {
+    let n = xs.len().min(out.len());
+    let (xs, out) = (&xs[..n], &mut out[..n]);
+    with_kernel!(Kernels::best(), k => k.exp_shifted(xs, shift, out));
+}
+
+/// `0 + exp(xs[0] - shift) + exp(xs[1] - shift) + ...` in f32, left to right (MLX's reduction
+/// order), without a buffer as long as `xs`.
+pub fn sum_exp_shifted(xs: &[f32], shift: f32) -> f32 {
+    let mut buf = [0.0_f32; 1024];
     let mut s = 0.0_f32;
-    for (o, &x) in out.iter_mut().zip(xs) {
-        let e = exp(x - m);
-        *o = e;
-        s += e;
+    for chunk in xs.chunks(buf.len()) {
+        let e = &mut buf[..chunk.len()];
+        exp_shifted(chunk, shift, e);
+        s = e.iter().fold(s, |acc, &v| acc + v);
     }
+    s
+}
+
+/// The `Softmax` primitive for f32 (`mlx/backend/cpu/softmax.cpp`; `precise` changes nothing
+/// for f32 input) over one row: `e = exp(x - max)`, `out = e * (1 / sum(e))` with the sum left
+/// to right: a multiplication by the reciprocal, not a division. `out` must be as long as
+/// `xs` (only the common length is written).
+pub fn softmax(xs: &[f32], out: &mut [f32]) {
+    let n = xs.len().min(out.len());
+    let (xs, out) = (&xs[..n], &mut out[..n]);
+    exp_shifted(xs, max(xs), out);
+    let s = out.iter().fold(0.0_f32, |acc, &e| acc + e);
     let inv = 1.0 / s;
     for o in out.iter_mut() {
         *o *= inv;
     }
+}
+
+/// [`softmax`] of every `width`-long row of `xs` into the same row of `out`, rows in parallel
+/// on the current thread pool (each row as alone). Only whole rows of the common length are
+/// written; nothing when `width` is 0.
+pub fn softmax_rows(xs: &[f32], width: usize, out: &mut [f32]) {
+    if width == 0 {
+        return;
+    }
+    xs.par_chunks_exact(width)
+        .zip(out.par_chunks_exact_mut(width))
+        .for_each(|(row, o)| softmax(row, o));
 }
 
 #[cfg(test)]
@@ -123,6 +162,32 @@ mod tests {
         assert!(max(&[1.0, f32::NAN, 3.0]).is_nan());
         assert!(max(&[f32::NAN, 1.0]).is_nan());
         assert_eq!(max(&[]), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn sum_exp_shifted_folds_left_to_right() {
+        let xs: Vec<f32> = (0..3000)
+            .map(|i| ((i * 37) % 101) as f32 * 0.37 - 20.0)
+            .collect();
+        let want = xs.iter().fold(0.0f32, |acc, &x| acc + exp(x - 1.5));
+        assert_eq!(sum_exp_shifted(&xs, 1.5).to_bits(), want.to_bits());
+        assert_eq!(sum_exp_shifted(&[], 1.5), 0.0);
+    }
+
+    #[test]
+    fn softmax_rows_are_each_row_alone() {
+        let (rows, width) = (5, 1031);
+        let xs: Vec<f32> = (0..rows * width)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.03 - 15.0)
+            .collect();
+        let mut got = vec![0.0; rows * width];
+        softmax_rows(&xs, width, &mut got);
+        for (row, g) in xs.chunks(width).zip(got.chunks(width)) {
+            let mut want = vec![0.0; width];
+            softmax(row, &mut want);
+            assert_eq!(g, &want[..]);
+        }
+        softmax_rows(&xs, 0, &mut got);
     }
 
     #[test]

@@ -461,12 +461,7 @@ impl TextModel {
                 alloc::reserve(&mut probs, logits.len(), "self-conditioning probabilities")?;
                 let start = probs.len();
                 probs.resize(start + logits.len(), 0.0);
-                for (row, out) in logits
-                    .chunks_exact(vocab)
-                    .zip(probs[start..].chunks_exact_mut(vocab))
-                {
-                    mlx::softmax(row, out);
-                }
+                mlx::softmax_rows(logits, vocab, &mut probs[start..]);
             }
         }
         let from_logits = if probs.is_empty() {

@@ -23,7 +23,7 @@
 //! `exp`, `maximum`, `max` and `softmax` live in `dg_quant::mlx` (the decoder's
 //! self-conditioning softmax is the sampler's); they are re-exported here.
 
-pub use dg_quant::mlx::{exp, max, maximum};
+pub use dg_quant::mlx::{exp, exp_shifted, max, maximum, sum_exp_shifted};
 
 /// MLX's CPU `log`: `std::log(float)`, the platform `logf`.
 #[inline]
@@ -66,7 +66,7 @@ pub fn argmax(xs: &[f32]) -> usize {
 /// `m = max(x)`, `s = 0 + exp(x0 - m) + ...`, result `log(s) + m`, or `m` when `m` is infinite.
 pub fn logsumexp(xs: &[f32]) -> f32 {
     let m = max(xs);
-    let s = xs.iter().fold(0.0_f32, |acc, &x| acc + exp(x - m));
+    let s = sum_exp_shifted(xs, m);
     if m.is_infinite() {
         m
     } else {

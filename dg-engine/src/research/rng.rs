@@ -237,7 +237,9 @@ fn categorical_inverse_cdf(key: Key, logits: &[f32], batch: &[usize]) -> Result<
             .map(|&x| f32::from(u8::from(x == m)))
             .collect()
     } else {
-        logits.iter().map(|&x| mlx_math::exp(x - m)).collect()
+        let mut w = dg_quant::alloc::zeroed(logits.len(), "categorical weights")?;
+        mlx_math::exp_shifted(logits, m, &mut w);
+        w
     };
     // Exclusive cumulative sum, f32, left to right.
     let mut cdf = Vec::with_capacity(w.len());

@@ -73,6 +73,7 @@
 use std::collections::VecDeque;
 
 use dg_quant::alloc;
+use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::mlx_math;
@@ -194,7 +195,7 @@ pub fn sample_canvas_with(
 pub fn logsumexp_rows(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
     rows_of(logits, vocab, "logits")?;
     Ok(logits
-        .chunks_exact(vocab)
+        .par_chunks_exact(vocab)
         .map(mlx_math::logsumexp)
         .collect())
 }
@@ -205,7 +206,7 @@ pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Ve
     let rows = rows_of(logits, vocab, "logits")?;
     same_len(tokens.len(), rows, "tokens")?;
     logits
-        .chunks_exact(vocab)
+        .par_chunks_exact(vocab)
         .zip(tokens)
         .map(|(row, &t)| {
             let x = usize::try_from(t)
@@ -231,20 +232,24 @@ pub fn token_probability(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result
 /// `-sum(probs * (logits - lse))`.
 fn entropy_row(row: &[f32], probs: Option<&mut [f32]>) -> f32 {
     let lse = mlx_math::logsumexp(row);
+    // `p = exp(x - lse)` on the kernels, then `acc += p * log_p` left to right.
     let mut acc = 0.0_f32;
+    let mut accumulate = |xs: &[f32], ps: &[f32]| {
+        for (&x, &p) in xs.iter().zip(ps) {
+            acc += p * (x - lse);
+        }
+    };
     match probs {
         Some(out) => {
-            for (o, &x) in out.iter_mut().zip(row) {
-                let log_p = x - lse;
-                let p = mlx_math::exp(log_p);
-                *o = p;
-                acc += p * log_p;
-            }
+            mlx_math::exp_shifted(row, lse, out);
+            accumulate(row, out);
         }
         None => {
-            for &x in row {
-                let log_p = x - lse;
-                acc += mlx_math::exp(log_p) * log_p;
+            let mut buf = [0.0_f32; 1024];
+            for xs in row.chunks(buf.len()) {
+                let ps = &mut buf[..xs.len()];
+                mlx_math::exp_shifted(xs, lse, ps);
+                accumulate(xs, ps);
             }
         }
     }
@@ -256,7 +261,7 @@ fn entropy_row(row: &[f32], probs: Option<&mut [f32]>) -> f32 {
 pub fn token_entropy(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
     rows_of(logits, vocab, "logits")?;
     Ok(logits
-        .chunks_exact(vocab)
+        .par_chunks_exact(vocab)
         .map(|row| entropy_row(row, None))
         .collect())
 }
@@ -275,13 +280,13 @@ pub fn entropy_and_probs(logits: &[f32], vocab: usize) -> Result<(Vec<f32>, Vec<
 pub fn entropy_and_probs_into(logits: &[f32], vocab: usize, probs: &mut [f32]) -> Result<Vec<f32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     same_len(probs.len(), logits.len(), "probs")?;
-    let mut entropy = Vec::with_capacity(rows);
-    for (row, out) in logits
-        .chunks_exact(vocab)
-        .zip(probs.chunks_exact_mut(vocab))
-    {
-        entropy.push(entropy_row(row, Some(out)));
-    }
+    let mut entropy = Vec::new();
+    alloc::reserve(&mut entropy, rows, "entropy")?;
+    logits
+        .par_chunks_exact(vocab)
+        .zip(probs.par_chunks_exact_mut(vocab))
+        .map(|(row, out)| entropy_row(row, Some(out)))
+        .collect_into_vec(&mut entropy);
     Ok(entropy)
 }
 
@@ -299,12 +304,7 @@ pub fn softmax_precise(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 pub fn softmax_precise_into(logits: &[f32], vocab: usize, probs: &mut [f32]) -> Result<()> {
     rows_of(logits, vocab, "logits")?;
     same_len(probs.len(), logits.len(), "probs")?;
-    for (row, out) in logits
-        .chunks_exact(vocab)
-        .zip(probs.chunks_exact_mut(vocab))
-    {
-        dg_quant::mlx::softmax(row, out);
-    }
+    dg_quant::mlx::softmax_rows(logits, vocab, probs);
     Ok(())
 }
 

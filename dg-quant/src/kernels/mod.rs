@@ -162,6 +162,10 @@ pub(crate) trait Kernel: Copy + Send + Sync {
 
     /// `y[i] = fma(a, x[i], y[i])` (`x` and `y` of equal length).
     fn axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+
+    /// `out[i] = mlx::exp(xs[i] - shift)`, MLX's CPU exp bit for bit (`xs` and `out` of equal
+    /// length).
+    fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]);
 }
 
 /// The kernels of the unpacked-panel `x @ W^T` (4- and 8-bit weights): [`Scalar`] (the
@@ -608,6 +612,57 @@ mod tests {
                 let mut got = y.clone();
                 with_kernel!(k, k => k.axpy(a, &x, &mut got));
                 assert_eq!(bits(&got), bits(&want), "{k}: n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_exps_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        // Around every branch of MLX's exp: the underflow edges near -88 and -87.3, overflow
+        // above 88, NaN and infinities, and the range softmax rows live in.
+        let mut xs: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            88.0,
+            88.000_01,
+            -88.0,
+            -88.000_01,
+            -87.3,
+            -87.33,
+            -87.34,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            1e-40,
+        ];
+        // Where `x * log2(e)` lies next to a half-integer, the split's rounding shows.
+        for k in -127..128 {
+            let x = (k as f32 + 0.5) / std::f32::consts::LOG2_E;
+            let (lo, hi) = (
+                f32::from_bits(x.to_bits() - 1),
+                f32::from_bits(x.to_bits() + 1),
+            );
+            xs.extend([lo, x, hi]);
+        }
+        xs.extend((0..4000).map(|_| rng.gen_range(-100.0f32..100.0)));
+        xs.extend((0..4000).map(|_| rng.gen_range(-1.0f32..1.0)));
+        for shift in [0.0f32, 3.5, -20.25, 87.9, f32::NAN, f32::INFINITY] {
+            for n in [0usize, 1, 7, 8, 9, 17, xs.len()] {
+                let x = &xs[..n];
+                let mut want = vec![0.0; n];
+                Scalar.exp_shifted(x, shift, &mut want);
+                for (w, &v) in want.iter().zip(x) {
+                    assert_eq!(w.to_bits(), crate::mlx::exp(v - shift).to_bits());
+                }
+                for k in Kernels::available() {
+                    let mut got = vec![0.0; n];
+                    with_kernel!(k, k => k.exp_shifted(x, shift, &mut got));
+                    assert_eq!(bits(&got), bits(&want), "{k}: n {n}, shift {shift}");
+                }
             }
         }
     }

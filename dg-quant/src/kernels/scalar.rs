@@ -40,6 +40,13 @@ impl Kernel for Scalar {
             *y = a.mul_add(*x, *y);
         }
     }
+
+    fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]) {
+        assert_eq!(xs.len(), out.len(), "exp_shifted: lengths differ");
+        for (o, &x) in out.iter_mut().zip(xs) {
+            *o = crate::mlx::exp(x - shift);
+        }
+    }
 }
 
 impl PanelKernel for Scalar {

@@ -1,5 +1,5 @@
 //! AVX2 + FMA kernels (x86-64): dequantization of 2-, 4- and 8-bit rows, the register tiles
-//! of the dequantized-tile strategies, and `axpy`. [`Avx2Fma`] exists only where the CPU has
+//! of the dequantized-tile strategies, `axpy`, and MLX's exp. [`Avx2Fma`] exists only where the CPU has
 //! both features, so its methods call the `#[target_feature]` bodies safely. Twins on
 //! `Scalar`; the tests in `kernels/mod.rs` compare them bit for bit.
 
@@ -101,6 +101,16 @@ impl Kernel for Avx2Fma {
             *y = a.mul_add(*x, *y);
         }
     }
+
+    fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]) {
+        assert_eq!(xs.len(), out.len(), "exp_shifted: lengths differ");
+        let n = xs.len() / 8 * 8;
+        // SAFETY: AVX2/FMA present (`self`); the body reads xs[..n] and writes out[..n].
+        unsafe { exp_shifted_avx2(xs.as_ptr(), shift, out.as_mut_ptr(), n) };
+        for (o, &x) in out[n..].iter_mut().zip(&xs[n..]) {
+            *o = crate::mlx::exp(x - shift);
+        }
+    }
 }
 
 register_tile!(
@@ -189,5 +199,59 @@ unsafe fn axpy_avx2(a: f32, x: *const f32, y: *mut f32, n: usize) {
             let v = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)));
             _mm256_storeu_ps(y.add(i), v);
         }
+    }
+}
+
+/// `out[i] = mlx::exp(xs[i] - shift)`, eight at a time, the scalar `mlx::exp` step for step:
+/// the split `floor(f64(y) + 0.5)` in double, the degree-6 polynomial in fused multiply-adds,
+/// the exponent built in the integer lanes, then NaN, overflow and underflow as its branches.
+///
+/// # Safety
+/// AVX2/FMA available; `xs` valid for reads and `out` for writes of `n` (a multiple of 8)
+/// elements.
+// The constants are spelled as in `mlx::exp` (MLX's source).
+#[allow(clippy::excessive_precision, clippy::approx_constant)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_shifted_avx2(xs: *const f32, shift: f32, out: *mut f32, n: usize) {
+    let shift = _mm256_set1_ps(shift);
+    let log2e = _mm256_set1_ps(1.442_695_f32);
+    let half = _mm256_set1_pd(0.5);
+    let c = [
+        1.535_336_188_319_500e-4_f32,
+        1.339_887_440_266_574e-3,
+        9.618_437_357_674_640e-3,
+        5.550_332_471_162_809e-2,
+        2.402_264_791_363_012e-1,
+        6.931_472_028_550_421e-1,
+        1.0,
+    ]
+    .map(|v| _mm256_set1_ps(v));
+    let bias = _mm256_set1_epi32(127);
+    let (hi_limit, lo_limit) = (_mm256_set1_ps(88.0), _mm256_set1_ps(-88.0));
+    let (inf, zero) = (_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps());
+    for i in (0..n).step_by(8) {
+        // SAFETY: i + 8 <= n, inside both buffers (caller's contract).
+        let x_init = _mm256_sub_ps(unsafe { _mm256_loadu_ps(xs.add(i)) }, shift);
+        let x = _mm256_mul_ps(x_init, log2e);
+        let floor_half = |v: __m128| {
+            let d = _mm256_floor_pd(_mm256_add_pd(_mm256_cvtps_pd(v), half));
+            _mm256_cvtpd_ps(d)
+        };
+        let ipart = _mm256_set_m128(
+            floor_half(_mm256_extractf128_ps::<1>(x)),
+            floor_half(_mm256_castps256_ps128(x)),
+        );
+        let fpart = _mm256_sub_ps(x, ipart);
+        let mut p = c[0];
+        for &ck in &c[1..] {
+            p = _mm256_fmadd_ps(p, fpart, ck);
+        }
+        let epart = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvttps_epi32(ipart), bias));
+        let mut r = _mm256_mul_ps(_mm256_castsi256_ps(epart), p);
+        r = _mm256_blendv_ps(r, x_init, _mm256_cmp_ps::<_CMP_UNORD_Q>(x_init, x_init));
+        r = _mm256_blendv_ps(r, inf, _mm256_cmp_ps::<_CMP_GT_OQ>(x_init, hi_limit));
+        r = _mm256_blendv_ps(r, zero, _mm256_cmp_ps::<_CMP_LT_OQ>(x_init, lo_limit));
+        // SAFETY: as the load.
+        unsafe { _mm256_storeu_ps(out.add(i), r) };
     }
 }

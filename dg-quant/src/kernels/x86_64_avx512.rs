@@ -52,6 +52,10 @@ impl Kernel for Avx512 {
         self.avx2.dequant_row(row, out)
     }
 
+    fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]) {
+        self.avx2.exp_shifted(xs, shift, out)
+    }
+
     /// 6-row x 32-column register tiles (`row_tiles`); AVX2's where the width is not a
     /// multiple of 32.
     fn tiles(self, lhs: View<'_>, rhs: View<'_>, mut out: ViewMut<'_>, load: bool) {
