@@ -122,45 +122,51 @@ pub fn support(p: &[f32], a: &[f32]) -> Support {
     if p.len() != a.len() {
         return Support::Dense;
     }
+    // One pass: the largest weight, finiteness, and per bucket the summed weight and the count
+    // of non-zero entries. Every bucket is summed in entry order, so the buckets that can be
+    // skipped (those below the budget's, known only at the end) hold exactly their entries' sum.
     let (mut w_max, mut finite) = (0.0f64, true);
-    for (v, a) in p.iter().zip(a) {
+    let mut mass = vec![0.0f64; BUCKETS];
+    let mut nonzero = vec![0u32; BUCKETS];
+    let mut nonzero_total = 0usize;
+    for (&v, &a) in p.iter().zip(a) {
         finite &= v.is_finite() && a.is_finite();
-        w_max = w_max.max(v.abs() as f64 * *a as f64);
+        let (b, weight) = bucket(v, a);
+        w_max = w_max.max(weight);
+        nonzero_total += usize::from(v != 0.0);
+        if let (Some(m), Some(n)) = (mass.get_mut(b as usize), nonzero.get_mut(b as usize)) {
+            *m += weight;
+            *n += u32::from(v != 0.0);
+        }
     }
     if !finite {
         return Support::Dense;
     }
     let budget = TAU * UNIT_ROUNDOFF * w_max;
-    // Only buckets below the budget's can be skipped; each is summed whole, so every entry of
-    // a skipped bucket is counted.
-    let limit = ((budget as f32).to_bits() >> BUCKET_SHIFT) as usize;
-    let mut mass = vec![0.0f64; limit.min(BUCKETS)];
-    for (&v, &a) in p.iter().zip(a) {
-        let (b, weight) = bucket(v, a);
-        if let Some(m) = mass.get_mut(b as usize) {
-            *m += weight;
-        }
-    }
-    let (mut skipped, mut cut) = (0.0f64, 0u32);
-    for m in &mass {
+    // Only buckets below the budget's can be skipped.
+    let limit = (((budget as f32).to_bits() >> BUCKET_SHIFT) as usize).min(BUCKETS);
+    let (mut skipped, mut cut, mut kept) = (0.0f64, 0u32, nonzero_total);
+    for (m, n) in mass[..limit].iter().zip(&nonzero) {
         if skipped + m > budget * MASS_MARGIN {
             break;
         }
         skipped += m;
         cut += 1;
+        kept -= *n as usize;
     }
-    let kept: Vec<u32> = p
-        .iter()
-        .zip(a)
-        .enumerate()
-        .filter(|&(_, (&v, &a))| v != 0.0 && bucket(v, a).0 >= cut)
-        .map(|(i, _)| i as u32)
-        .collect();
-    if kept.len() > p.len() / DENSE_FRACTION {
+    if kept > p.len() / DENSE_FRACTION {
         return Support::Dense;
     }
+    let mut indices = Vec::with_capacity(kept);
+    indices.extend(
+        p.iter()
+            .zip(a)
+            .enumerate()
+            .filter(|&(_, (&v, &a))| v != 0.0 && bucket(v, a).0 >= cut)
+            .map(|(i, _)| i as u32),
+    );
     Support::Sparse {
-        kept,
+        kept: indices,
         skipped_weight: skipped,
         budget,
     }
@@ -192,7 +198,10 @@ pub fn matmul_sparse(
     let supports: Vec<Support> = x.par_chunks_exact(w.rows).map(|p| support(p, &a)).collect();
     let cols = w.cols;
     let dense: Vec<usize> = (0..m).filter(|&i| supports[i] == Support::Dense).collect();
-    if !dense.is_empty() {
+    if dense.len() == m {
+        // Every row dense (flat rows): the product in place, without gathering the rows.
+        crate::matmul(x, m, w, out)?;
+    } else if !dense.is_empty() {
         let xd: Vec<f32> = dense
             .iter()
             .flat_map(|&i| &x[i * w.rows..(i + 1) * w.rows])
@@ -292,5 +301,93 @@ fn flush(acc: &mut [f32], sum: &mut [f32]) {
     for (s, a) in sum.iter_mut().zip(acc.iter_mut()) {
         *s += *a;
         *a = 0.0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The selection as three separate passes (largest weight, bucket masses below the budget,
+    /// kept entries), the plain statement of the rule `support` computes in one pass.
+    fn support_three_passes(p: &[f32], a: &[f32]) -> Support {
+        let (mut w_max, mut finite) = (0.0f64, true);
+        for (v, a) in p.iter().zip(a) {
+            finite &= v.is_finite() && a.is_finite();
+            w_max = w_max.max(v.abs() as f64 * *a as f64);
+        }
+        if !finite {
+            return Support::Dense;
+        }
+        let budget = TAU * UNIT_ROUNDOFF * w_max;
+        let limit = ((budget as f32).to_bits() >> BUCKET_SHIFT) as usize;
+        let mut mass = vec![0.0f64; limit.min(BUCKETS)];
+        for (&v, &a) in p.iter().zip(a) {
+            let (b, weight) = bucket(v, a);
+            if let Some(m) = mass.get_mut(b as usize) {
+                *m += weight;
+            }
+        }
+        let (mut skipped, mut cut) = (0.0f64, 0u32);
+        for m in &mass {
+            if skipped + m > budget * MASS_MARGIN {
+                break;
+            }
+            skipped += m;
+            cut += 1;
+        }
+        let kept: Vec<u32> = (0..p.len() as u32)
+            .filter(|&i| p[i as usize] != 0.0 && bucket(p[i as usize], a[i as usize]).0 >= cut)
+            .collect();
+        if kept.len() > p.len() / DENSE_FRACTION {
+            return Support::Dense;
+        }
+        Support::Sparse {
+            kept,
+            skipped_weight: skipped,
+            budget,
+        }
+    }
+
+    #[test]
+    fn one_pass_selection_equals_three_passes() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let n = 20000;
+        let a: Vec<f32> = (0..n).map(|_| rng.gen_range(0.0f32..2.0)).collect();
+        let (mut sparse, mut dense) = (0, 0);
+        for case in 0..60 {
+            // Heavy-tailed rows from flat (dense) to peaked, with exact zeros and, in a few
+            // rows, a non-finite entry or a weight whose f32 rounding overflows.
+            let spread = 2.0 + 5.0 * case as f32;
+            let mut p: Vec<f32> = (0..n)
+                .map(|_| {
+                    let z: f32 = rng.gen_range(-spread..0.0);
+                    if rng.gen_range(0..10) == 0 {
+                        0.0
+                    } else {
+                        z.exp()
+                    }
+                })
+                .collect();
+            let mut a = a.clone();
+            match case % 10 {
+                3 => p[17] = f32::NAN,
+                5 => a[99] = f32::INFINITY,
+                7 => (p[5], a[5]) = (3.0e38, 3.0e38),
+                _ => {}
+            }
+            let expected = support_three_passes(&p, &a);
+            match &expected {
+                Support::Dense => dense += 1,
+                Support::Sparse { .. } => sparse += 1,
+            }
+            assert_eq!(support(&p, &a), expected, "case {case}");
+        }
+        assert!(
+            sparse > 0 && dense > 0,
+            "both outcomes: {sparse} sparse, {dense} dense"
+        );
     }
 }
