@@ -172,14 +172,19 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
     let first = model.decode(&cache, &canvas, SelfConditioning::None)?;
     let soft = model.soft_embeddings(&softmax_rows(&first, vocab), canvas_len)?;
     let (mut pass, mut head, mut softmax, mut embed) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    // The logits and probabilities buffers live across steps, as the engine keeps them.
+    let (mut logits, mut probs) = (first, vec![0.0f32; canvas_len * vocab]);
     for _ in 0..steps.max(1) {
         let (hidden, s) = time(|| {
             Ok(model.decode_hidden(&cache, &canvas, SelfConditioning::Embeddings(&soft))?)
         })?;
         pass = pass.min(s);
-        let (logits, s) = time(|| Ok(model.logits(&hidden, canvas_len)?))?;
+        let ((), s) = time(|| Ok(model.logits_into(&hidden, canvas_len, &mut logits)?))?;
         head = head.min(s);
-        let (probs, s) = time(|| Ok(softmax_rows(&logits, vocab)))?;
+        let ((), s) = time(|| {
+            dg_quant::mlx::softmax_rows(&logits, vocab, &mut probs);
+            Ok(())
+        })?;
         softmax = softmax.min(s);
         let (e, s) = time(|| Ok(model.soft_embeddings(&probs, canvas_len)?))?;
         embed = embed.min(s);

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::bf16;
+use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
@@ -122,17 +123,19 @@ impl std::fmt::Debug for FloatView {
 
 /// Little-endian bf16, f16 or f32 bytes as f32; `None` for any other dtype.
 fn widen(dtype: Dtype, raw: &[u8]) -> Option<Vec<f32>> {
+    // In parallel: plain weights mapped as bf16 (the vision tower's) are widened on every
+    // forward pass.
     Some(match dtype {
         Dtype::BF16 => raw
-            .chunks_exact(2)
+            .par_chunks_exact(2)
             .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         Dtype::F16 => raw
-            .chunks_exact(2)
+            .par_chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         Dtype::F32 => raw
-            .chunks_exact(4)
+            .par_chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect(),
         _ => return None,

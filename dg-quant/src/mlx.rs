@@ -5,8 +5,9 @@
 //! self-conditioning (dg-core) and the sampler (dg-engine) share one softmax.
 //!
 //! The exps of a row run on the best kernels ([`exp_shifted`]: eight lanes with hardware
-//! fused multiply-adds where the CPU has them, the same bits as [`exp`]); the sums stay left to
-//! right, as MLX's, and rows run in parallel ([`softmax_rows`]).
+//! fused multiply-adds where the CPU has them, the same bits as [`exp`]); the maxima and sums
+//! stay left to right, as MLX's, with the folds of several rows interleaved, and blocks of rows
+//! run in parallel ([`softmax_rows`]).
 
 use rayon::prelude::*;
 
@@ -102,21 +103,124 @@ pub fn softmax(xs: &[f32], out: &mut [f32]) {
     }
 }
 
-/// [`softmax`] of every `width`-long row of `xs` into the same row of `out`, rows in parallel
-/// on the current thread pool (each row as alone). Only whole rows of the common length are
-/// written; nothing when `width` is 0.
+/// Rows whose max and sum folds run side by side: each row's fold stays left to right (MLX's
+/// order, the same bits), but independent chains hide the latency of one addition or
+/// comparison, which a single row's serial fold waits on at every element.
+const INTERLEAVED_ROWS: usize = 8;
+
+/// `f` folded from `init` left to right over each `width`-long row of `block` (whole rows, at
+/// most [`INTERLEAVED_ROWS`], `width > 0`), the rows' chains interleaved: one result per row
+/// of the block, in order (the entries past the block's rows are unspecified).
+fn fold_rows(
+    block: &[f32],
+    width: usize,
+    init: f32,
+    f: impl Fn(f32, f32) -> f32,
+) -> [f32; INTERLEAVED_ROWS] {
+    // Missing rows repeat the first, so the loop below has a fixed shape.
+    let rows: [&[f32]; INTERLEAVED_ROWS] = std::array::from_fn(|i| {
+        let start = if (i + 1) * width <= block.len() {
+            i * width
+        } else {
+            0
+        };
+        &block[start..start + width]
+    });
+    let mut acc = [init; INTERLEAVED_ROWS];
+    for j in 0..width {
+        for (a, row) in acc.iter_mut().zip(&rows) {
+            *a = f(*a, row[j]);
+        }
+    }
+    acc
+}
+
+/// [`softmax`] of the whole rows in `block` (at most [`INTERLEAVED_ROWS`]) into `out`, or in
+/// place when `xs` is `None`.
+fn softmax_block(xs: Option<&[f32]>, out: &mut [f32], width: usize) {
+    let maxes = fold_rows(xs.unwrap_or(out), width, f32::NEG_INFINITY, |acc, x| {
+        maximum(x, acc)
+    });
+    for (i, (row, &shift)) in out.chunks_exact_mut(width).zip(&maxes).enumerate() {
+        match xs {
+            Some(xs) => exp_shifted(&xs[i * width..(i + 1) * width], shift, row),
+            None => {
+                let mut buf = [0.0f32; 1024];
+                for chunk in row.chunks_mut(buf.len()) {
+                    let scores = &mut buf[..chunk.len()];
+                    scores.copy_from_slice(chunk);
+                    exp_shifted(scores, shift, chunk);
+                }
+            }
+        }
+    }
+    let sums = fold_rows(out, width, 0.0, |acc, e| acc + e);
+    for (row, &s) in out.chunks_exact_mut(width).zip(&sums) {
+        let inv = 1.0 / s;
+        for v in row.iter_mut() {
+            *v *= inv;
+        }
+    }
+}
+
+/// [`softmax`] of every `width`-long row of `xs` into the same row of `out`, blocks of rows in
+/// parallel on the current thread pool (each row as alone, the same bits). Only whole rows of
+/// the common length are written; nothing when `width` is 0.
 pub fn softmax_rows(xs: &[f32], width: usize, out: &mut [f32]) {
     if width == 0 {
         return;
     }
-    xs.par_chunks_exact(width)
-        .zip(out.par_chunks_exact_mut(width))
-        .for_each(|(row, o)| softmax(row, o));
+    let n = xs.len().min(out.len()) / width * width;
+    let block = width * INTERLEAVED_ROWS;
+    xs[..n]
+        .par_chunks(block)
+        .zip(out[..n].par_chunks_mut(block))
+        .for_each(|(x, o)| softmax_block(Some(x), o, width));
+}
+
+/// [`softmax`] of every `width`-long row of `rows` in place, on this thread, the same bits
+/// (the attention probabilities: MLX's CPU `scaled_dot_product_attention` softmaxes its scores
+/// with this primitive). A row of `-inf` gives NaN, as in MLX. Only whole rows are written;
+/// nothing when `width` is 0.
+pub fn softmax_rows_inplace(rows: &mut [f32], width: usize) {
+    if width == 0 {
+        return;
+    }
+    let n = rows.len() / width * width;
+    for block in rows[..n].chunks_mut(width * INTERLEAVED_ROWS) {
+        softmax_block(None, block, width);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softmax_rows_are_each_rows_softmax() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for width in [1usize, 7, 1023, 1025, 3000] {
+            for rows in [1usize, 3, 8, 9, 17] {
+                let xs: Vec<f32> = (0..rows * width)
+                    .map(|i| ((i * 2_654_435_761) % 1000) as f32 * 0.037 - 20.0)
+                    .collect();
+                let mut want = vec![0.0; xs.len()];
+                for (x, o) in xs.chunks_exact(width).zip(want.chunks_exact_mut(width)) {
+                    softmax(x, o);
+                }
+                let mut got = vec![0.0; xs.len()];
+                softmax_rows(&xs, width, &mut got);
+                assert_eq!(bits(&got), bits(&want), "rows {rows}, width {width}");
+                let mut got = xs.clone();
+                softmax_rows_inplace(&mut got, width);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "in place: rows {rows}, width {width}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn log2e_spelling_is_the_f32_constant() {

@@ -264,8 +264,8 @@ impl VisionTower {
                 }
             })?;
             scores
-                .par_chunks_mut(n)
-                .for_each(dg_quant::ops::softmax_inplace);
+                .par_chunks_mut(n * 8)
+                .for_each(|rows| dg_quant::mlx::softmax_rows_inplace(rows, n));
             dg_quant::matmul_f32(&scores, vs, n, n, hd, false, &mut ctx).map_err(|source| {
                 VisionError::Quant {
                     name: "vision attention values".into(),

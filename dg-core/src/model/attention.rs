@@ -310,8 +310,8 @@ pub(crate) fn block_probs(
     dg_quant::matmul_f32(q_rows, k_blk, rows, hd, width, true, probs)?;
     for (i, row) in probs.chunks_exact_mut(width).enumerate() {
         mask_row(view, i0 + i, k0, row);
-        ops::softmax_inplace(row);
     }
+    dg_quant::mlx::softmax_rows_inplace(probs, width);
     Ok(())
 }
 

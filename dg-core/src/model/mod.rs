@@ -495,8 +495,9 @@ impl TextModel {
         Ok(logits)
     }
 
-    /// [`Self::logits`] into `out` (resized to `[rows, vocab]`, its allocation reused).
-    fn logits_into(
+    /// [`Self::logits`] into `out` (resized to `[rows, vocab]`, its allocation reused: a
+    /// driver that keeps it allocates no logits per step).
+    pub fn logits_into(
         &self,
         hidden: &[f32],
         rows: usize,
