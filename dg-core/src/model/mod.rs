@@ -18,6 +18,7 @@ pub(crate) mod self_conditioning;
 mod load;
 
 use dg_quant::{alloc, mlx, ops};
+use rayon::prelude::*;
 
 use crate::config::{LayerType, ModelConfig};
 use crate::error::CoreError;
@@ -516,7 +517,8 @@ impl TextModel {
             .final_logit_softcapping
             .filter(|c| *c > 0.0)
         {
-            ops::softcap_inplace(out, cap);
+            out.par_chunks_mut(1 << 16)
+                .for_each(|chunk| ops::softcap_inplace(chunk, cap));
         }
         Ok(())
     }
