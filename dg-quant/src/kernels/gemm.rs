@@ -1,4 +1,4 @@
-//! Safe glue over the `gemm` crate's raw-pointer f32 GEMM, plus the one way tasks (in
+//! Safe glue over the raw-pointer f32 GEMM of `gemm-f32` (the f32 part of the `gemm` crate), plus
 //! parallel or in turn) write disjoint column panels of one row-major output.
 //!
 //! The reduction order of each output element depends only on the shapes (the crate's
@@ -6,7 +6,7 @@
 
 use std::marker::PhantomData;
 
-use gemm::Parallelism;
+use gemm_common::Parallelism;
 
 /// Work (multiply-adds) above which a standalone f32 GEMM splits across the current pool.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
@@ -43,7 +43,7 @@ pub fn matmul_f32(
     // strides fit in isize); `out` is borrowed mutably, so it aliases neither input; gemm
     // computes dst = lhs @ rhs without reading dst (`read_dst` false).
     unsafe {
-        gemm::gemm(
+        gemm_f32::gemm::f32::get_gemm_fn()(
             m,
             n,
             k,
