@@ -1,5 +1,6 @@
-//! Safe glue over the raw-pointer f32 GEMM of `gemm-f32` (the f32 part of the `gemm` crate), plus
-//! parallel or in turn) write disjoint column panels of one row-major output.
+//! Safe glue over the raw-pointer f32 GEMM of `gemm-f32` (the f32 part of the `gemm` crate),
+//! plus the one way tasks (in parallel or in turn) write disjoint column panels of one
+//! row-major output.
 //!
 //! The reduction order of each output element depends only on the shapes (the crate's
 //! blocking comes from `m, n, k` and the cache sizes), never on the thread count.
