@@ -196,6 +196,29 @@ pub(crate) trait PanelKernel: Copy + Send + Sync {
         load: bool,
         ahead: Lines,
     );
+
+    /// The packed words of `rows` rows (`stride` apart in `words`), transposed and stored as
+    /// f32 bit patterns: `out[w][i] = f32::from_bits(words[i * stride + w])` for
+    /// `w < out.rows()`, `i < rows`. The lanes `rows..out.cols()` (a multiple of 16) may be
+    /// written with zeros.
+    fn transpose_words_t(self, words: &[u32], stride: usize, rows: usize, out: ViewMut<'_>);
+
+    /// [`Self::tiles_q`] over a panel of transposed words (`transpose_words_t`, `bits` 4 or
+    /// 8): each field is decoded as `unpack_rows_t` reads it, so the products, their order and
+    /// the result bits are those of `tiles_q` on the unpacked panel; `out.cols()` a multiple of
+    /// 16. Decoding in the tiles spares the store and reload of an f32 panel eight (or four)
+    /// times the words' size, which pays where few rows share each decoded value.
+    #[allow(clippy::too_many_arguments)]
+    fn tiles_qw(
+        self,
+        x: View<'_>,
+        words: View<'_>,
+        bits: u32,
+        params: GroupParams<'_>,
+        out: ViewMut<'_>,
+        load: bool,
+        ahead: Lines,
+    );
 }
 
 /// Per-group operands of [`PanelKernel::tiles_q`].

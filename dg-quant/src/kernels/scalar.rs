@@ -117,6 +117,56 @@ impl PanelKernel for Scalar {
             }
         }
     }
+
+    fn transpose_words_t(self, words: &[u32], stride: usize, rows: usize, mut out: ViewMut<'_>) {
+        assert!(
+            rows <= out.cols(),
+            "transpose_words_t: {rows} rows into {} lanes",
+            out.cols()
+        );
+        for i in 0..rows {
+            for w in 0..out.rows() {
+                *out.at(w, i) = f32::from_bits(words[i * stride + w]);
+            }
+        }
+    }
+
+    fn tiles_qw(
+        self,
+        x: View<'_>,
+        words: View<'_>,
+        bits: u32,
+        params: GroupParams<'_>,
+        out: ViewMut<'_>,
+        load: bool,
+        ahead: super::Lines,
+    ) {
+        let q = decode_words(words, bits);
+        let q = View::new(
+            &q,
+            words.rows() * (32 / bits as usize),
+            words.cols(),
+            words.cols(),
+        );
+        self.tiles_q(x, q, params, out, load, ahead)
+    }
+}
+
+/// The fields of a transposed-word panel (`PanelKernel::transpose_words_t`) as
+/// `unpack_rows_t` lays them out: `q[k][c]` is field `k % (32 / bits)` of word `k / (32 /
+/// bits)`, in place.
+fn decode_words(words: View<'_>, bits: u32) -> Vec<f32> {
+    let per_word = 32 / bits as usize;
+    let (rows, cols) = (words.rows() * per_word, words.cols());
+    let field = (1u32 << bits) - 1;
+    let mut q = vec![0.0f32; rows * cols];
+    for (k, row) in q.chunks_exact_mut(cols.max(1)).enumerate() {
+        let mask = field << (bits * (k % per_word) as u32);
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = (words.at(k / per_word, c).to_bits() & mask) as f32;
+        }
+    }
+    q
 }
 
 /// Element `k` of a packed row: bits `k * bits ..` of the little-endian bit stream.

@@ -1,6 +1,7 @@
 //! AVX-512 kernels (x86-64): the unpacked panels of 4- and 8-bit weights (`unpack_rows_t`,
 //! `params_t`) with their register tiles (`tiles_q`), which every `x @ W^T` with such weights
-//! runs, and 32-column register tiles for `x @ W`. [`Avx512`] exists only where the CPU has
+//! runs, the transposed-word panels whose tiles decode the fields (`transpose_words_t`,
+//! `tiles_qw`) for small row blocks, and 32-column register tiles for `x @ W`. [`Avx512`] exists only where the CPU has
 //! AVX-512F/BW/VL (and AVX2 + FMA, whose kernels it runs for the rest), so its methods call the
 //! `#[target_feature]` bodies safely. Twins on `Scalar`; tests at the bottom and in
 //! `kernels/mod.rs` compare them bit for bit.
@@ -200,28 +201,14 @@ impl PanelKernel for Avx512 {
         ahead: Lines,
     ) {
         check_product(&x, &q, &out, 32);
+        let (m, cols, ncols) = (out.rows(), x.cols(), out.cols());
+        let groups = check_group_params(&params, m, cols, ncols);
         let GroupParams {
             scales,
             biases,
             xsum,
             group_size,
         } = params;
-        let (m, cols, ncols) = (out.rows(), x.cols(), out.cols());
-        assert!(
-            group_size > 0 && cols.is_multiple_of(group_size),
-            "tiles_q: {cols} columns in groups of {group_size}"
-        );
-        let groups = cols / group_size;
-        assert!(
-            scales.rows() == groups
-                && biases.rows() == groups
-                && scales.cols() == ncols
-                && biases.cols() == ncols
-                && scales.ld() == biases.ld()
-                && xsum.rows() == m
-                && xsum.cols() == groups,
-            "tiles_q: group parameters do not match"
-        );
         if m == 0 || ncols == 0 || cols == 0 {
             return;
         }
@@ -270,11 +257,144 @@ impl PanelKernel for Avx512 {
                 };
             }
         }
-        for l in issued..ahead.count {
-            // SAFETY: SSE is baseline on x86-64; a prefetch never faults and reads nothing.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>((ahead.first + 64 * l) as *const i8) };
+        prefetch_rest(ahead, issued);
+    }
+
+    fn transpose_words_t(self, words: &[u32], stride: usize, rows: usize, mut out: ViewMut<'_>) {
+        let wpr = out.rows();
+        if rows == 0 || wpr == 0 {
+            return;
+        }
+        check_transposed("transpose_words_t", (words.len(), stride, wpr), rows, &out);
+        let ld = out.ld();
+        for i0 in (0..rows).step_by(16) {
+            let n = (rows - i0).min(16);
+            let args = (
+                words[i0 * stride..].as_ptr(),
+                stride,
+                wpr,
+                n,
+                out.ptr(0, i0),
+                ld,
+            );
+            // SAFETY: AVX-512 present (`self`); rows i0..i0+n hold wpr words each at `stride`
+            // (checked length); the panel holds (w, i0 + lane) for w < wpr, lane < 16 (checked
+            // extent); NW only for whole slabs of whole blocks.
+            unsafe {
+                match (n, wpr) {
+                    (16, 8) => transpose_slab::<8>(args),
+                    (16, w) if w.is_multiple_of(16) => transpose_slab::<16>(args),
+                    _ => transpose_slab::<0>(args),
+                }
+            }
         }
     }
+
+    /// `MR x 16` register tiles (`row_tiles`, up to `TILE_QW_ROWS` rows): per word, one
+    /// vector of sixteen weight rows' words, each field masked and converted in registers,
+    /// against `MR` broadcast activations.
+    fn tiles_qw(
+        self,
+        x: View<'_>,
+        words: View<'_>,
+        bits: u32,
+        params: GroupParams<'_>,
+        mut out: ViewMut<'_>,
+        load: bool,
+        ahead: Lines,
+    ) {
+        assert!(matches!(bits, 4 | 8), "tiles_qw: {bits} bits");
+        let per_word = 32 / bits as usize;
+        let (m, cols, ncols) = (out.rows(), x.cols(), out.cols());
+        assert!(
+            words.rows() * per_word == cols
+                && words.cols() == ncols
+                && x.rows() == m
+                && ncols.is_multiple_of(16),
+            "tiles_qw: [{m}, {cols}] @ {} words x {} columns into [{m}, {ncols}]",
+            words.rows(),
+            words.cols()
+        );
+        let groups = check_group_params(&params, m, cols, ncols);
+        if m == 0 || ncols == 0 || cols == 0 {
+            return;
+        }
+        let mut issued = 0;
+        for c in (0..ncols).step_by(16) {
+            for (i, mr) in row_tiles(m, TILE_QW_ROWS) {
+                let args = TileQ {
+                    x: x.ptr(i, 0),
+                    ldx: x.ld(),
+                    q: words.ptr(0, c),
+                    ld: words.ld(),
+                    s: params.scales.ptr(0, c),
+                    b: params.biases.ptr(0, c),
+                    ldp: params.scales.ld(),
+                    xsum: params.xsum.ptr(i, 0),
+                    ldxs: params.xsum.ld(),
+                    groups,
+                    group_size: params.group_size,
+                    out: out.ptr(i, c),
+                    ldo: out.ld(),
+                    load,
+                    ahead: ahead.first + 64 * issued,
+                    ahead_lines: ahead.count - issued,
+                };
+                macro_rules! dispatch {
+                    ($($mr:literal)*) => {
+                        match (bits, mr) {
+                            $((4, $mr) => tile_qw::<$mr, 4>(args),
+                              (_, $mr) => tile_qw::<$mr, 8>(args),)*
+                            _ => unreachable!("row_tiles keeps tiles within TILE_QW_ROWS"),
+                        }
+                    };
+                }
+                // SAFETY: AVX-512 present (`self`); the tile reads x rows i..i+mr (k < cols),
+                // word, scale and bias columns c..c+16 for every word / group, xsum rows
+                // i..i+mr, and reads/writes out rows i..i+mr, columns c..c+16: inside views
+                // checked to fit their slices, whose shapes agree.
+                issued += unsafe {
+                    dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
+                };
+            }
+        }
+        prefetch_rest(ahead, issued);
+    }
+}
+
+/// The lines of `ahead` past the first `issued`, prefetched at once (the tiles ended first).
+fn prefetch_rest(ahead: Lines, issued: usize) {
+    for l in issued..ahead.count {
+        // SAFETY: SSE is baseline on x86-64; a prefetch never faults and reads nothing.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((ahead.first + 64 * l) as *const i8) };
+    }
+}
+
+/// Checks the group operands of a `tiles_q` / `tiles_qw` call on `m` rows of `cols` columns
+/// into `ncols` outputs; the number of groups.
+fn check_group_params(params: &GroupParams<'_>, m: usize, cols: usize, ncols: usize) -> usize {
+    let GroupParams {
+        scales,
+        biases,
+        xsum,
+        group_size,
+    } = params;
+    assert!(
+        *group_size > 0 && cols.is_multiple_of(*group_size),
+        "tiles_q: {cols} columns in groups of {group_size}"
+    );
+    let groups = cols / group_size;
+    assert!(
+        scales.rows() == groups
+            && biases.rows() == groups
+            && scales.cols() == ncols
+            && biases.cols() == ncols
+            && scales.ld() == biases.ld()
+            && xsum.rows() == m
+            && xsum.cols() == groups,
+        "tiles_q: group parameters do not match"
+    );
+    groups
 }
 
 /// Checks a transposition of `rows` source rows (`src = (len, stride, items per row)`, rows
@@ -309,38 +429,8 @@ unsafe fn unpack_slab<const BITS: u32, const NW: usize>(
     unsafe {
         let per_word = 32 / BITS as usize;
         for w0 in (0..wpr).step_by(16) {
-            let full = NW > 0;
-            let nw = if full { NW } else { (wpr - w0).min(16) };
-            let wmask: __mmask16 = if nw == 16 { 0xFFFF } else { (1 << nw) - 1 };
-            // Unrolled with literal indices (macros, not loops over a runtime count), so the
-            // 16 rows and the 16 transposed words stay in registers.
-            macro_rules! row {
-                ($i:literal) => {
-                    if full || $i < n {
-                        _mm512_maskz_loadu_epi32(wmask, words.add($i * stride + w0) as *const i32)
-                    } else {
-                        _mm512_setzero_si512()
-                    }
-                };
-            }
-            let v = transpose_16x16([
-                row!(0),
-                row!(1),
-                row!(2),
-                row!(3),
-                row!(4),
-                row!(5),
-                row!(6),
-                row!(7),
-                row!(8),
-                row!(9),
-                row!(10),
-                row!(11),
-                row!(12),
-                row!(13),
-                row!(14),
-                row!(15),
-            ]);
+            let nw = if NW > 0 { NW } else { (wpr - w0).min(16) };
+            let v = slab_words::<NW>(words.add(w0), stride, nw, n);
             // Panel row per_word * (w0 + w) + j: one step of `ld` per field, words in order.
             let mut col = out.add(w0 * per_word * ld);
             macro_rules! word {
@@ -390,6 +480,77 @@ unsafe fn unpack_slab<const BITS: u32, const NW: usize>(
             word!(13);
             word!(14);
             word!(15);
+        }
+    }
+}
+
+/// Words `0..nw` (`nw <= 16`) of sixteen rows `stride` apart (or `n < 16` rows, the rest
+/// zero), transposed: lane `i` of `out[w]` is word `w` of row `i`. `NW` as for
+/// [`unpack_slab`].
+///
+/// # Safety
+/// AVX-512F available; `words` holds `n` rows of at least `nw` words, `stride` words apart.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn slab_words<const NW: usize>(
+    words: *const u32,
+    stride: usize,
+    nw: usize,
+    n: usize,
+) -> [__m512i; 16] {
+    // SAFETY: the caller upholds this function's contract; loads are masked to `nw` words.
+    unsafe {
+        let full = NW > 0;
+        let wmask: __mmask16 = if nw == 16 { 0xFFFF } else { (1 << nw) - 1 };
+        // Unrolled with literal indices (macros, not loops over a runtime count), so the 16
+        // rows stay in registers.
+        macro_rules! row {
+            ($i:literal) => {
+                if full || $i < n {
+                    _mm512_maskz_loadu_epi32(wmask, words.add($i * stride) as *const i32)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            };
+        }
+        transpose_16x16([
+            row!(0),
+            row!(1),
+            row!(2),
+            row!(3),
+            row!(4),
+            row!(5),
+            row!(6),
+            row!(7),
+            row!(8),
+            row!(9),
+            row!(10),
+            row!(11),
+            row!(12),
+            row!(13),
+            row!(14),
+            row!(15),
+        ])
+    }
+}
+
+/// Sixteen (or `n < 16`, the rest zero) rows of `transpose_words_t`.
+///
+/// # Safety
+/// AVX-512F available; `words` holds `n` rows of `wpr` words, `stride` words apart; `out` is
+/// writable at `w * ld + lane` for `w < wpr`, `lane < 16`; `NW` as for [`unpack_slab`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn transpose_slab<const NW: usize>(
+    (words, stride, wpr, n, out, ld): (*const u32, usize, usize, usize, *mut f32, usize),
+) {
+    // SAFETY: the caller upholds this function's contract; stores stay in the extent.
+    unsafe {
+        for w0 in (0..wpr).step_by(16) {
+            let nw = if NW > 0 { NW } else { (wpr - w0).min(16) };
+            let v = slab_words::<NW>(words.add(w0), stride, nw, n);
+            for (w, v) in v.iter().enumerate().take(nw) {
+                _mm512_storeu_si512(out.add((w0 + w) * ld) as *mut __m512i, *v);
+            }
         }
     }
 }
@@ -562,6 +723,62 @@ unsafe fn tile_q<const MR: usize>(t: TileQ) -> usize {
     }
 }
 
+/// Activation rows per register tile of `tiles_qw`: 24 x 1 partial sums in registers, so the
+/// experts' typical 8-24 rows share each decoded vector in one tile.
+const TILE_QW_ROWS: usize = 24;
+
+/// One `MR x 16` tile of `tiles_qw` (`t.q` points at transposed words, `BITS` 4 or 8): the
+/// group's partial sums in registers, the running sums in `out`, read and written once per
+/// group. Returns how many of the lines `t.ahead` it prefetched (one per word).
+///
+/// # Safety
+/// AVX-512F available; the pointers of `t` are valid for the reads and writes described in
+/// `PanelKernel::tiles_qw` for `MR` rows and 16 columns.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_qw<const MR: usize, const BITS: u32>(t: TileQ) -> usize {
+    // SAFETY: the caller upholds this function's contract.
+    unsafe {
+        let per_word = 32 / BITS as usize;
+        let words_per_group = t.group_size / per_word;
+        let mut pf = 0;
+        for g in 0..t.groups {
+            let mut p = [_mm512_setzero_ps(); MR];
+            for w in g * words_per_group..(g + 1) * words_per_group {
+                if pf < t.ahead_lines {
+                    _mm_prefetch::<_MM_HINT_T0>((t.ahead + 64 * pf) as *const i8);
+                    pf += 1;
+                }
+                let packed = _mm512_loadu_si512(t.q.add(w * t.ld) as *const __m512i);
+                for j in 0..per_word {
+                    // The field in place, as `unpack_slab` stores it.
+                    let mask = (((1u32 << BITS) - 1) << (BITS as usize * j)) as i32;
+                    let q = _mm512_cvtepu32_ps(_mm512_and_si512(packed, _mm512_set1_epi32(mask)));
+                    let k = w * per_word + j;
+                    for (i, p) in p.iter_mut().enumerate() {
+                        *p = _mm512_fmadd_ps(_mm512_set1_ps(*t.x.add(i * t.ldx + k)), q, *p);
+                    }
+                }
+            }
+            let s = _mm512_loadu_ps(t.s.add(g * t.ldp));
+            let b = _mm512_loadu_ps(t.b.add(g * t.ldp));
+            let first = g == 0 && !t.load;
+            for (i, p) in p.iter().enumerate() {
+                let xs = _mm512_set1_ps(*t.xsum.add(i * t.ldxs + g));
+                let o = t.out.add(i * t.ldo);
+                let acc = if first {
+                    _mm512_setzero_ps()
+                } else {
+                    _mm512_loadu_ps(o)
+                };
+                let acc = _mm512_fmadd_ps(s, *p, acc);
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(b, xs, acc));
+            }
+        }
+        pf
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
@@ -650,6 +867,88 @@ mod tests {
                             assert_eq!(v.to_bits(), want[g * ld + i].to_bits(), "{rows}x{groups}");
                         } else {
                             assert_eq!(v, 0.0, "{rows}x{groups}: padding lane {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The transposed words decoded in the tiles give the bits of the unpacked panel's tiles,
+    /// on both kernels, for every tile height and a second and third tile.
+    #[test]
+    fn word_tiles_match_unpacked_tiles() {
+        let Some(k) = Avx512::new() else {
+            eprintln!("skipped: no AVX-512F/BW/VL");
+            return;
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+        for (bits, cols, group_size) in [(4u32, 128usize, 64usize), (4, 256, 32), (8, 128, 64)] {
+            let (groups, per_word) = (cols / group_size, 32 / bits as usize);
+            let wpr = cols / per_word;
+            for (rows, ncols) in [(16usize, 16usize), (23, 32), (32, 32)] {
+                let stride = wpr + 3;
+                let words: Vec<u32> = (0..rows * stride).map(|_| rng.gen()).collect();
+                let ld = ncols + 16;
+                let mut q = vec![0.0f32; cols * ld];
+                Scalar.unpack_rows_t(
+                    &words,
+                    stride,
+                    bits,
+                    rows,
+                    ViewMut::new(&mut q, cols, ncols, ld),
+                );
+                let (mut tw, mut tw_scalar) = (vec![f32::NAN; wpr * ld], vec![0.0f32; wpr * ld]);
+                k.transpose_words_t(&words, stride, rows, ViewMut::new(&mut tw, wpr, ncols, ld));
+                let panel = ViewMut::new(&mut tw_scalar, wpr, ncols, ld);
+                Scalar.transpose_words_t(&words, stride, rows, panel);
+                for w in 0..wpr {
+                    for i in 0..ncols {
+                        let want = if i < rows {
+                            tw_scalar[w * ld + i].to_bits()
+                        } else {
+                            0
+                        };
+                        assert_eq!(tw[w * ld + i].to_bits(), want, "{bits}b word {w} lane {i}");
+                    }
+                }
+                let sc: Vec<f32> = (0..groups * ld).map(|_| rng.gen_range(-0.1..0.1)).collect();
+                let bi: Vec<f32> = (0..groups * ld).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                for m in 1usize..=50 {
+                    let ldx = cols + 5;
+                    let x: Vec<f32> = (0..m * ldx).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                    let xsum: Vec<f32> =
+                        (0..m * groups).map(|_| rng.gen_range(-9.0..9.0)).collect();
+                    let params = GroupParams {
+                        scales: View::new(&sc, groups, ncols, ld),
+                        biases: View::new(&bi, groups, ncols, ld),
+                        xsum: View::new(&xsum, m, groups, groups),
+                        group_size,
+                    };
+                    let xv = View::new(&x, m, cols, ldx);
+                    let (qv, wv) = (
+                        View::new(&q, cols, ncols, ld),
+                        View::new(&tw, wpr, ncols, ld),
+                    );
+                    for load in [false, true] {
+                        let start: Vec<f32> =
+                            (0..m * ncols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                        let ahead = Lines::of(&q[..64]);
+                        let mut want = start.clone();
+                        let out = ViewMut::new(&mut want, m, ncols, ncols);
+                        Scalar.tiles_q(xv, qv, params, out, load, ahead);
+                        let (mut got, mut twin) = (start.clone(), start);
+                        let out = ViewMut::new(&mut got, m, ncols, ncols);
+                        k.tiles_qw(xv, wv, bits, params, out, load, ahead);
+                        let out = ViewMut::new(&mut twin, m, ncols, ncols);
+                        Scalar.tiles_qw(xv, wv, bits, params, out, load, ahead);
+                        for (name, got) in [("avx-512", got), ("scalar", twin)] {
+                            assert!(
+                                got.iter()
+                                    .zip(&want)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{name}: {bits}b g{group_size} {rows} rows m {m} load {load}"
+                            );
                         }
                     }
                 }

@@ -297,7 +297,7 @@ fn every_kernel_runs_its_plans_as_the_scalar_kernels_do() {
         let (rows, cols) = (70, 384);
         let q = random_q(&mut rng, rows, cols, spec);
         let w = q.view(rows, cols, spec).unwrap();
-        for m in [1usize, 7, 30] {
+        for m in [1usize, 7, 16, 30] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let xn: Vec<f32> = (0..m * rows).map(|_| rng.gen_range(-2.0..2.0)).collect();
             for k in Kernels::available() {

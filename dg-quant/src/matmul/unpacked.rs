@@ -5,7 +5,9 @@
 //! padding rows; each group's scale and bias apply to the partial sums (see the module docs of
 //! `matmul`). The panel holds each field in place in its word (no shift to decode), so the
 //! tiles take `x` scaled by the matching powers of two (`scale_fields`): the products are
-//! exactly those of the shifted fields.
+//! exactly those of the shifted fields. Blocks of 8-24 rows (the experts' usual count) take
+//! the words transposed instead and decode each field in the tiles (`tiles_qw`): the same
+//! products in the same order, so the same bits at any row count.
 //!
 //! Generic over [`PanelKernel`]: the plan runs it on AVX-512, the tests also on the scalar
 //! twins.
@@ -30,6 +32,11 @@ const PARALLEL_PREPARE_MIN: usize = 1 << 16;
 /// all of `x` from L3 at 256 rows (2.9-4 MB); 768 KB blocks stay within a 1 MB or 2 MB L2, for
 /// one more unpack per pass (docs/PERFORMANCE.md).
 pub(super) const X_BLOCK_BYTES: usize = 768 << 10;
+/// Row blocks whose tiles decode the transposed words themselves (`tiles_qw`) instead of
+/// reading an unpacked f32 panel: few rows share each decoded value, so the panel's store and
+/// reload cost more than decoding once per tile. Below 8 rows a 16-column tile has too few
+/// FMA chains to hide their latency; above 24 the rows take two tiles, each decoding again.
+const WORD_TILE_ROWS: std::ops::RangeInclusive<usize> = 8..=24;
 
 /// `out [m, w.rows] = x [m, w.cols] @ W^T` (shapes checked, none empty; 4- or 8-bit `w`).
 pub(super) fn matmul_t(
@@ -104,15 +111,22 @@ fn panels(
                 }
                 kern.params_t(rows.scales, groups, nr, ViewMut::new(s, groups, P, P));
                 kern.params_t(rows.biases, groups, nr, ViewMut::new(b, groups, P, P));
+                let decode_in_tiles = WORD_TILE_ROWS.contains(&mb);
                 for (ci, k0) in (0..k).step_by(kc).enumerate() {
                     // Prefetched by the tiles one line every few steps: bursts (half before
                     // the unpack, half after) held every line-fill buffer while they went to
                     // DRAM and stalled the loads behind them (docs/PERFORMANCE.md).
                     let ahead = next_panel_share(&next, ci, chunks);
                     let kn = kc.min(k - k0);
-                    let w0 = k0 * w.spec.bits as usize / 32;
-                    let panel_q = ViewMut::new(q, kn, P, P);
-                    kern.unpack_rows_t(&rows.packed[w0..], wpr, w.spec.bits, nr, panel_q);
+                    let bits = w.spec.bits;
+                    let (w0, wn) = (k0 * bits as usize / 32, kn * bits as usize / 32);
+                    if decode_in_tiles {
+                        let panel_w = ViewMut::new(q, wn, P, P);
+                        kern.transpose_words_t(&rows.packed[w0..], wpr, nr, panel_w);
+                    } else {
+                        let panel_q = ViewMut::new(q, kn, P, P);
+                        kern.unpack_rows_t(&rows.packed[w0..], wpr, bits, nr, panel_q);
+                    }
                     let (g0, gn) = (k0 / gs, kn / gs);
                     let params = GroupParams {
                         scales: View::new(&s[g0 * P..], gn, P, P),
@@ -121,9 +135,14 @@ fn panels(
                         group_size: gs,
                     };
                     let x = xf.block((i0, k0), (mb, kn));
-                    let q = View::new(q, kn, P, P);
                     let out = ViewMut::new(ct, mb, P, P);
-                    kern.tiles_q(x, q, params, out, k0 > 0, ahead);
+                    if decode_in_tiles {
+                        let words = View::new(q, wn, P, P);
+                        kern.tiles_qw(x, words, bits, params, out, k0 > 0, ahead);
+                    } else {
+                        let q = View::new(q, kn, P, P);
+                        kern.tiles_q(x, q, params, out, k0 > 0, ahead);
+                    }
                 }
                 for (i, c) in ct.chunks_exact(P).enumerate() {
                     panel.row_mut(i0 + i).copy_from_slice(&c[..nr]);
