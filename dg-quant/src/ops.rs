@@ -1,7 +1,15 @@
 //! Small f32 operations shared by the text model and the vision tower: norms, activations,
-//! softmax and rotary embeddings. They run row by row; callers parallelize at a coarser
-//! grain (positions, heads), because fine-grained parallelism of cheap element-wise work costs
-//! more than it saves on few cores.
+//! softmax and rotary embeddings. They run row by row; the `_par` variants split whole
+//! matrices into blocks of rows (or elements) on the pool, each block computed as the serial
+//! function computes it (the same bits): run serially between the parallel products, they
+//! would leave every other thread idle.
+
+use rayon::prelude::*;
+
+/// Rows per task of the row-wise `_par` variants.
+const PAR_ROWS: usize = 64;
+/// Elements per task of the element-wise `_par` variants.
+const PAR_ELEMENTS: usize = 1 << 14;
 
 /// `mx.fast.rms_norm(x, weight, eps)` over one row: `x * rsqrt(mean(x^2) + eps) * weight`.
 /// `weight = None` is the scale-free norm (`RMSNormNoScale`).
@@ -36,6 +44,20 @@ pub fn rms_norm_rows(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32, ou
     for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         rms_norm_row(row, weight, eps, o);
     }
+}
+
+/// [`rms_norm_rows`] on blocks of rows in parallel.
+pub fn rms_norm_rows_par(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let block = dim.max(1) * PAR_ROWS;
+    x.par_chunks(block)
+        .zip(out.par_chunks_mut(block))
+        .for_each(|(x, o)| rms_norm_rows(x, dim, weight, eps, o));
+}
+
+/// [`rms_norm_rows_inplace`] on blocks of rows in parallel.
+pub fn rms_norm_rows_inplace_par(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
+    x.par_chunks_mut(dim.max(1) * PAR_ROWS)
+        .for_each(|x| rms_norm_rows_inplace(x, dim, weight, eps));
 }
 
 /// `tanh` as a branch-free rational approximation (Eigen's `ptanh_float` coefficients),
@@ -85,6 +107,13 @@ pub fn geglu_inplace(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = gelu_tanh(*g) * u;
     }
+}
+
+/// [`geglu_inplace`] on blocks of elements in parallel.
+pub fn geglu_inplace_par(gate: &mut [f32], up: &[f32]) {
+    gate.par_chunks_mut(PAR_ELEMENTS)
+        .zip(up.par_chunks(PAR_ELEMENTS))
+        .for_each(|(g, u)| geglu_inplace(g, u));
 }
 
 /// Numerically stable softmax of one row, in place (max-subtracted, f32 accumulation).

@@ -40,7 +40,12 @@ impl Embedder {
     /// `[n, vision_hidden] -> [n, text_hidden]`.
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut normed = x.to_vec();
-        dg_quant::ops::rms_norm_rows_inplace(&mut normed, self.projection.in_dim, None, self.eps);
+        dg_quant::ops::rms_norm_rows_inplace_par(
+            &mut normed,
+            self.projection.in_dim,
+            None,
+            self.eps,
+        );
         Ok(self.projection.forward(&normed, n)?)
     }
 }

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use dg_core::checkpoint::{Checkpoint, FloatView};
 use dg_core::config::QuantizationConfig;
 use dg_core::model::{Clip, Linear, PlainWeights, Storage};
+use dg_quant::ops;
 
 use crate::config::VisionConfig;
 use crate::error::{Result, VisionError};
@@ -83,13 +84,6 @@ pub(crate) fn load_linear(
         true => linear.with_clip(Clip::load(ck, module)?),
         false => linear,
     })
-}
-
-/// `mx.fast.rms_norm` over every `dim`-wide row, in parallel over rows.
-fn rms_norm_rows(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
-    x.par_chunks_mut(dim * 64).for_each(|rows| {
-        dg_quant::ops::rms_norm_rows_inplace(rows, dim, weight, eps);
-    });
 }
 
 impl VisionTower {
@@ -221,9 +215,9 @@ impl VisionTower {
         let mut q = b.q_proj.forward(x, n)?;
         let mut k = b.k_proj.forward(x, n)?;
         let mut v = b.v_proj.forward(x, n)?;
-        rms_norm_rows(&mut q, hd, Some(&b.q_norm), HEAD_NORM_EPS);
-        rms_norm_rows(&mut k, hd, Some(&b.k_norm), HEAD_NORM_EPS);
-        rms_norm_rows(&mut v, hd, None, HEAD_NORM_EPS);
+        ops::rms_norm_rows_inplace_par(&mut q, hd, Some(&b.q_norm), HEAD_NORM_EPS);
+        ops::rms_norm_rows_inplace_par(&mut k, hd, Some(&b.k_norm), HEAD_NORM_EPS);
+        ops::rms_norm_rows_inplace_par(&mut v, hd, None, HEAD_NORM_EPS);
         let rotate = |t: &mut [f32], heads: usize| {
             t.par_chunks_mut(heads * hd)
                 .zip(positions.par_iter())
@@ -283,9 +277,7 @@ impl VisionTower {
     fn mlp(&self, b: &Block, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut gate = b.gate_proj.forward(x, n)?;
         let up = b.up_proj.forward(x, n)?;
-        gate.par_chunks_mut(4096)
-            .zip(up.par_chunks(4096))
-            .for_each(|(g, u)| dg_quant::ops::geglu_inplace(g, u));
+        dg_quant::ops::geglu_inplace_par(&mut gate, &up);
         Ok(b.down_proj.forward(&gate, n)?)
     }
 
@@ -327,15 +319,20 @@ impl VisionTower {
         let mut h = self.embed_patches(rgb, height, width)?;
         for b in &self.blocks {
             let mut normed = h.clone();
-            rms_norm_rows(&mut normed, hd, Some(&b.input_layernorm), eps);
+            ops::rms_norm_rows_inplace_par(&mut normed, hd, Some(&b.input_layernorm), eps);
             let mut attn = self.attention(b, &normed, n, &positions, &rope)?;
-            rms_norm_rows(&mut attn, hd, Some(&b.post_attention_layernorm), eps);
+            ops::rms_norm_rows_inplace_par(&mut attn, hd, Some(&b.post_attention_layernorm), eps);
             h.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
 
             let mut normed = h.clone();
-            rms_norm_rows(&mut normed, hd, Some(&b.pre_feedforward_layernorm), eps);
+            ops::rms_norm_rows_inplace_par(
+                &mut normed,
+                hd,
+                Some(&b.pre_feedforward_layernorm),
+                eps,
+            );
             let mut ffw = self.mlp(b, &normed, n)?;
-            rms_norm_rows(&mut ffw, hd, Some(&b.post_feedforward_layernorm), eps);
+            ops::rms_norm_rows_inplace_par(&mut ffw, hd, Some(&b.post_feedforward_layernorm), eps);
             h.iter_mut().zip(&ffw).for_each(|(a, b)| *a += b);
         }
 

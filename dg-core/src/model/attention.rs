@@ -104,6 +104,7 @@ impl Attention {
         let split =
             |flat: &[f32], heads: usize, norm: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
                 (0..heads)
+                    .into_par_iter()
                     .map(|h| {
                         let mut out = vec![0.0f32; rows * hd];
                         for (t, o) in out.chunks_exact_mut(hd).enumerate() {

@@ -81,7 +81,7 @@ impl Layer {
 
     fn norm(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
         let mut out = vec![0.0f32; x.len()];
-        ops::rms_norm_rows(x, weight.len(), Some(weight), self.eps, &mut out);
+        ops::rms_norm_rows_par(x, weight.len(), Some(weight), self.eps, &mut out);
         out
     }
 

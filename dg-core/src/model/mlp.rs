@@ -21,7 +21,7 @@ impl Mlp {
     pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, CoreError> {
         let mut gate = self.gate_proj.forward(x, rows)?;
         let up = self.up_proj.forward(x, rows)?;
-        ops::geglu_inplace(&mut gate, &up);
+        ops::geglu_inplace_par(&mut gate, &up);
         self.down_proj.forward(&gate, rows)
     }
 }

@@ -292,7 +292,7 @@ impl TextModel {
         for (input, span) in inputs.iter_mut().zip(segments.spans()) {
             input.cache.offset += span.len();
         }
-        ops::rms_norm_rows_inplace(
+        ops::rms_norm_rows_inplace_par(
             &mut h,
             hidden,
             Some(&self.norm),
@@ -430,7 +430,7 @@ impl TextModel {
                 },
             )?;
         }
-        ops::rms_norm_rows_inplace(
+        ops::rms_norm_rows_inplace_par(
             &mut h,
             hidden_size,
             Some(&self.norm),

@@ -6,6 +6,7 @@
 //! `softmax(top-k scores) * per_expert_scale`, not renormalized.
 
 use dg_quant::{alloc, ops};
+use rayon::prelude::*;
 
 use super::linear::{ExpertLinear, Linear};
 use crate::error::CoreError;
@@ -52,7 +53,7 @@ impl Router {
         let hidden = self.scale.len();
         let root = (hidden as f32).powf(-0.5);
         let mut normed = alloc::zeroed(residual.len(), "router input [rows, hidden]")?;
-        ops::rms_norm_rows(residual, hidden, None, self.eps, &mut normed);
+        ops::rms_norm_rows_par(residual, hidden, None, self.eps, &mut normed);
         for row in normed.chunks_exact_mut(hidden) {
             for (v, s) in row.iter_mut().zip(&self.scale) {
                 *v = *v * s * root;
@@ -116,10 +117,12 @@ impl Experts {
         let gate_up = self.gate_up_proj.forward_pairs(x, rows, &pairs)?;
         let m = self.moe_dim;
         let mut act = alloc::zeroed(pairs.len() * m, "expert activations [rows x top_k, moe]")?;
-        for (a, gu) in act.chunks_exact_mut(m).zip(gate_up.chunks_exact(2 * m)) {
-            a.copy_from_slice(&gu[..m]);
-            ops::geglu_inplace(a, &gu[m..]);
-        }
+        act.par_chunks_exact_mut(m)
+            .zip(gate_up.par_chunks_exact(2 * m))
+            .for_each(|(a, gu)| {
+                a.copy_from_slice(&gu[..m]);
+                ops::geglu_inplace(a, &gu[m..]);
+            });
         let down_pairs: Vec<(usize, usize)> = pairs
             .iter()
             .enumerate()

@@ -31,13 +31,13 @@ impl SelfConditioningBlock {
         // row is zero, quantized products of zeros are zero), so skipping them is exact.
         if let Some(soft) = soft {
             let mut normed = alloc::zeroed(soft.len(), "self-conditioning input [canvas, hidden]")?;
-            ops::rms_norm_rows(soft, hidden, Some(&self.pre_norm), self.eps, &mut normed);
+            ops::rms_norm_rows_par(soft, hidden, Some(&self.pre_norm), self.eps, &mut normed);
             let signal = self.mlp.forward(&normed, rows)?;
             for (v, s) in h.iter_mut().zip(&signal) {
                 *v += s;
             }
         }
-        ops::rms_norm_rows_inplace(&mut h, hidden, None, self.eps);
+        ops::rms_norm_rows_inplace_par(&mut h, hidden, None, self.eps);
         Ok(h)
     }
 }

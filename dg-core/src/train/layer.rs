@@ -157,7 +157,7 @@ fn adapted_backward(
 
 fn norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];
-    ops::rms_norm_rows(x, weight.len(), Some(weight), eps, &mut out);
+    ops::rms_norm_rows_par(x, weight.len(), Some(weight), eps, &mut out);
     out
 }
 
@@ -251,7 +251,7 @@ pub(crate) fn forward(
     let gate = adapted_forward(&mlp.gate_proj, lora.factors[GATE], s, &dense_in, rows)?;
     let up = adapted_forward(&mlp.up_proj, lora.factors[UP], s, &dense_in, rows)?;
     let mut act = gate.clone();
-    ops::geglu_inplace(&mut act, &up);
+    ops::geglu_inplace_par(&mut act, &up);
     let dense = adapted_forward(&mlp.down_proj, lora.factors[DOWN], s, &act, rows)?;
     let dense_n = norm(&dense, &layer.post_feedforward_layernorm_1, eps);
 
