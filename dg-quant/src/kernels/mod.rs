@@ -29,6 +29,8 @@ pub(crate) use scalar::{dequant_value, group_sums, scale_fields};
 #[cfg(test)]
 pub(crate) use scalar::{dot_row_mlx, unpack};
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86_64::is_amd;
+#[cfg(target_arch = "x86_64")]
 pub use x86_64::Avx2Fma;
 #[cfg(target_arch = "x86_64")]
 pub use x86_64_avx512::Avx512;

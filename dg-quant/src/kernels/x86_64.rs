@@ -21,6 +21,20 @@ impl Avx2Fma {
     }
 }
 
+/// Whether this CPU is AMD's (`cpuid` vendor "AuthenticAMD"), asked once: its caches favour
+/// other blockings than Intel's (`matmul/unpacked.rs`).
+pub fn is_amd() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        // SAFETY: every x86-64 CPU has `cpuid` and its leaf 0 (the vendor string). The
+        // intrinsic is safe in newer Rust, unsafe in the MSRV's.
+        #[allow(unused_unsafe)]
+        let id = unsafe { __cpuid(0) };
+        let word = |s: &[u8; 4]| u32::from_le_bytes(*s);
+        (id.ebx, id.edx, id.ecx) == (word(b"Auth"), word(b"enti"), word(b"cAMD"))
+    })
+}
+
 /// Asks the cache hierarchy to start loading `data` (one prefetch per 64-byte line); a hint
 /// with no effect on results.
 pub fn prefetch<T>(data: &[T]) {

@@ -11,7 +11,7 @@
 //!   into a k-major f32 panel, 128 columns at a time, and broadcasts `x` against it in 12x32
 //!   register tiles (no row padding), applying each group's scale and bias to the partial
 //!   sums: `x . W[r] = sum_g scale_g (x_g . q_g) + bias_g sum(x_g)`; `x` is taken in blocks of
-//!   rows that stay in L2, one pass over the weights per block;
+//!   rows sized for the CPU's caches, one pass over the weights per block;
 //! - [`Plan::DequantTiles`] (`tiled.rs`), every other `x @ W^T`: `x` is transposed once; each
 //!   task dequantizes (exactly, as `dequantize`) 256-wide chunks of its weight rows and
 //!   accumulates 16x6 register tiles;

@@ -218,9 +218,11 @@ fn gather_matches_per_pair_products() {
 #[test]
 fn passes_over_row_blocks_match_the_formula_and_single_passes() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);
-    // 97 x 2048 f32 = 776 KB of x: two passes of the unpacked panels.
-    let (rows, cols, m) = (40usize, 2048usize, 97usize);
-    assert!(m * cols * 4 > unpacked::X_BLOCK_BYTES);
+    // One row more than a block of x: two passes of the unpacked panels.
+    let (rows, cols) = (40usize, 2048usize);
+    let m = unpacked::x_block_bytes() / (cols * 4) + 1;
+    assert_eq!((m * cols * 4).div_ceil(unpacked::x_block_bytes()), 2);
+    let passes: Vec<(usize, usize)> = unpacked::even_blocks(m, 2).collect();
     for bits in [4, 8] {
         let spec = QuantSpec::new(bits, 64).unwrap();
         let q = random_q(&mut rng, rows, cols, spec);
@@ -249,7 +251,7 @@ fn passes_over_row_blocks_match_the_formula_and_single_passes() {
             }
             // The rows of each pass computed as one smaller product (a single pass) give
             // the same bits.
-            for (i0, mb) in [(0usize, 48usize), (48, 49)] {
+            for &(i0, mb) in &passes {
                 let mut part = vec![0.0f32; mb * rows];
                 pool(1).install(|| run.run(&x[i0 * cols..(i0 + mb) * cols], mb, &w, &mut part));
                 for (j, (a, b)) in part.iter().zip(&out[i0 * rows..]).enumerate() {

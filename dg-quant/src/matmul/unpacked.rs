@@ -28,10 +28,18 @@ const KC: usize = 128;
 /// parallel: a serial step before the parallel panels, whose share grows with the core count
 /// (docs/PERFORMANCE.md).
 const PARALLEL_PREPARE_MIN: usize = 1 << 16;
-/// Bytes of `x` (f32) per pass over the weights. Without the split, each 32-row panel streamed
-/// all of `x` from L3 at 256 rows (2.9-4 MB); 768 KB blocks stay within a 1 MB or 2 MB L2, for
-/// one more unpack per pass (docs/PERFORMANCE.md).
-pub(super) const X_BLOCK_BYTES: usize = 768 << 10;
+/// Bytes of `x` (f32) per pass over the weights. Every 32-row panel reads its pass's whole
+/// block, and every pass unpacks the weights once more, so the best block depends on how fast
+/// the L3 streams (docs/PERFORMANCE.md): on Intel (Emerald Rapids, 2 MB L2) 768 KB blocks
+/// that stay in L2 beat streaming all of `x` from L3; on AMD (Zen 4, 1 MB L2) fewer passes
+/// over 2 MB blocks from L3 beat them.
+pub(super) fn x_block_bytes() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::is_amd() {
+        return 2 << 20;
+    }
+    768 << 10
+}
 /// Row blocks whose tiles decode the transposed words themselves (`tiles_qw`) instead of
 /// reading an unpacked f32 panel: few rows share each decoded value, so the panel's store and
 /// reload cost more than decoding once per tile. Below 8 rows a 16-column tile has too few
@@ -91,7 +99,7 @@ fn panels(
     let wpr = w.spec.words_per_row(k);
     // Passes over the weights, each with a block of x's rows small enough to stay in L2 from
     // one panel to the next (every panel reads all of its block).
-    let passes = (m * k * 4).div_ceil(X_BLOCK_BYTES).clamp(1, m);
+    let passes = (m * k * 4).div_ceil(x_block_bytes()).clamp(1, m);
     for (i0, mb) in even_blocks(m, passes) {
         let task = |mut panel: ColumnPanel<'_>| {
             let (r0, nr) = (panel.start(), panel.width());
@@ -171,6 +179,6 @@ fn next_panel_share(panel: &QMatrix, ci: usize, chunks: usize) -> Lines {
 }
 
 /// `(first row, rows)` of `n` blocks of nearly equal height over `m` rows.
-fn even_blocks(m: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn even_blocks(m: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).map(move |b| (b * m / n, (b + 1) * m / n - b * m / n))
 }
