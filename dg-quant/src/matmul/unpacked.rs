@@ -97,8 +97,8 @@ fn panels(
     let groups = k / gs;
     let kc = (KC.max(gs) / gs * gs).min(k);
     let wpr = w.spec.words_per_row(k);
-    // Passes over the weights, each with a block of x's rows small enough to stay in L2 from
-    // one panel to the next (every panel reads all of its block).
+    // Passes over the weights, each with a block of x's rows (`x_block_bytes`) that every
+    // panel reads whole.
     let passes = (m * k * 4).div_ceil(x_block_bytes()).clamp(1, m);
     for (i0, mb) in even_blocks(m, passes) {
         let task = |mut panel: ColumnPanel<'_>| {
