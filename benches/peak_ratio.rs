@@ -156,6 +156,22 @@ fn many_rows() {
     let cq = control.matrix();
     let cx = random_x(&mut rng, 48 * 1024);
     let mut cout = vec![0.0f32; 48 * 1024];
+    // The vision tower's products on one 1920x1080 image (2376 patches): its bf16 linears
+    // (widened to f32) and its attention, all through the `gemm` crate; and the
+    // 8-bit panel kernel on the MLP's shape, for comparison.
+    let vn = 2376usize;
+    let (vh, vi, vd) = (1152usize, 4304usize, 72usize);
+    let vx = random_x(&mut rng, vn * vh);
+    let vw = random_x(&mut rng, vi * vh);
+    let vq = Weights::random(&mut rng, 1, vi, vh, 8);
+    let vqm = vq.matrix();
+    let vheads = 16usize;
+    let vq_heads = random_x(&mut rng, vheads * vn * vd);
+    let mut vattn = vec![0.0f32; vheads * vn * vd];
+    let mut vout = vec![0.0f32; vn * vi];
+    let mut vout_q = vec![0.0f32; vn * vi];
+    let mut vs_out = vec![0.0f32; vn * vn];
+    let mut vc_out = vec![0.0f32; vn * vd];
     let mut cases: Vec<Case<'_>> = Vec::new();
     for (((name, rows, cols, _), w), (x, out)) in linears
         .iter()
@@ -186,6 +202,39 @@ fn many_rows() {
             for _ in 0..50 {
                 dg_quant::matmul_t(&cx, 48, &cq, &mut cout).unwrap();
             }
+        }),
+    ));
+    cases.push((
+        format!("vision up f32 {vi}x{vh}, {vn} rows, gemm"),
+        (2 * vn * vi * vh) as u64,
+        Box::new(|| dg_quant::matmul_f32(&vx, &vw, vn, vh, vi, true, &mut vout).unwrap()),
+    ));
+    cases.push((
+        format!("vision up 8-bit {vi}x{vh}, {vn} rows, panels"),
+        (2 * vn * vi * vh) as u64,
+        Box::new(|| dg_quant::matmul_t(&vx, vn, &vqm, &mut vout_q).unwrap()),
+    ));
+    cases.push((
+        format!("vision attention {vheads} heads of {vd}, {vn} patches, whole heads"),
+        (4 * vheads * vn * vn * vd) as u64,
+        Box::new(|| {
+            for h in 0..vheads {
+                let qh = &vq_heads[h * vn * vd..(h + 1) * vn * vd];
+                dg_quant::matmul_f32(qh, qh, vn, vd, vn, true, &mut vs_out).unwrap();
+                vs_out
+                    .par_chunks_mut(vn * 8)
+                    .for_each(|rows| dg_quant::mlx::softmax_rows_inplace(rows, vn));
+                dg_quant::matmul_f32(&vs_out, qh, vn, vn, vd, false, &mut vc_out).unwrap();
+            }
+        }),
+    ));
+    cases.push((
+        format!("vision attention {vheads} heads of {vd}, {vn} patches, query blocks"),
+        (4 * vheads * vn * vn * vd) as u64,
+        Box::new(|| {
+            let shape = (vheads, vheads, vd);
+            let (q, out) = (&vq_heads, &mut vattn);
+            dg_quant::attention_bidirectional(q, q, q, shape, vn, vn, out).unwrap()
         }),
     ));
     cases.push((

@@ -84,6 +84,14 @@ pub enum QuantError {
         /// The value found.
         value: f32,
     },
+    /// Query heads that do not share the key/value heads evenly.
+    #[error("attention: {heads} query heads do not share {kv_heads} key/value heads evenly")]
+    Heads {
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
     /// The thread pool could not be built.
     #[error("thread pool: {0}")]
     ThreadPool(String),

@@ -7,6 +7,7 @@
 //!   (`matmul/`), parallel on the current rayon pool ([`pool::build`]), with results that
 //!   do not depend on the thread count. Each quantized product runs one [`Plan`], chosen from
 //!   the weights' format and the kernels only ([`QMatrix::plan`] says which).
+//! - [`attention_bidirectional`]: softmax attention over every key, in blocks of queries.
 //! - [`ops`]: small f32 operations shared by the models; [`mlx`]: MLX's CPU `exp` and softmax,
 //!   bit for bit (the sampler's and the self-conditioning's one softmax).
 //!
@@ -22,6 +23,7 @@ pub use half::bf16;
 
 mod affine;
 pub mod alloc;
+mod attention;
 mod error;
 mod format;
 mod kernels;
@@ -33,6 +35,7 @@ mod scratch;
 pub mod sparse;
 
 pub use affine::{dequantize, embedding, quantize, quantize_f32, Quantized, QuantizedF32};
+pub use attention::attention_bidirectional;
 pub use error::QuantError;
 pub use format::{QExperts, QMatrix, QuantSpec};
 #[cfg(target_arch = "x86_64")]

@@ -95,7 +95,7 @@ pub fn sum_exp_shifted(xs: &[f32], shift: f32) -> f32 {
 pub fn softmax(xs: &[f32], out: &mut [f32]) {
     let n = xs.len().min(out.len());
     let (xs, out) = (&xs[..n], &mut out[..n]);
-    exp_shifted(xs, max(xs), out);
+    exp_shifted(xs, softmax_shift(xs), out);
     let s = out.iter().fold(0.0_f32, |acc, &e| acc + e);
     let inv = 1.0 / s;
     for o in out.iter_mut() {
@@ -135,12 +135,38 @@ fn fold_rows(
     acc
 }
 
+/// [`max`] of a row as a softmax's shift, in 16 lanes (the compiler vectorizes them) instead
+/// of one serial fold. Without NaNs the maximum does not depend on the order, except which of
+/// `+0` and `-0` wins, and `exp(x - 0)` and `exp(x + 0)` agree for every `x` (both zeros give
+/// `exp(±0) = 1`): the same exps, the same bits. A row with a NaN takes the serial fold.
+fn softmax_shift(row: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut unordered = [false; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for ((m, u), &x) in lanes.iter_mut().zip(&mut unordered).zip(chunk) {
+            *u |= x.is_nan();
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    if unordered.contains(&true) || tail.iter().any(|x| x.is_nan()) {
+        return max(row);
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
 /// [`softmax`] of the whole rows in `block` (at most [`INTERLEAVED_ROWS`]) into `out`, or in
 /// place when `xs` is `None`.
 fn softmax_block(xs: Option<&[f32]>, out: &mut [f32], width: usize) {
-    let maxes = fold_rows(xs.unwrap_or(out), width, f32::NEG_INFINITY, |acc, x| {
-        maximum(x, acc)
-    });
+    let mut maxes = [0.0f32; INTERLEAVED_ROWS];
+    for (m, row) in maxes.iter_mut().zip(xs.unwrap_or(out).chunks_exact(width)) {
+        *m = softmax_shift(row);
+    }
     for (i, (row, &shift)) in out.chunks_exact_mut(width).zip(&maxes).enumerate() {
         match xs {
             Some(xs) => exp_shifted(&xs[i * width..(i + 1) * width], shift, row),
@@ -303,6 +329,52 @@ mod tests {
         let inv = 1.0 / e.iter().fold(0.0f32, |a, &v| a + v);
         for (o, e) in out.iter().zip(&e) {
             assert_eq!(o.to_bits(), (e * inv).to_bits());
+        }
+    }
+
+    #[test]
+    fn softmax_matches_the_serial_max_fold() {
+        // MLX's order: the serial `max`, the exps, the left-to-right sum, the reciprocal.
+        let serial = |xs: &[f32]| -> Vec<u32> {
+            let e: Vec<f32> = xs.iter().map(|&x| exp(x - max(xs))).collect();
+            let inv = 1.0 / e.iter().fold(0.0f32, |a, &v| a + v);
+            e.iter().map(|v| (v * inv).to_bits()).collect()
+        };
+        let specials = [
+            0.0f32,
+            -0.0,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            -3.5,
+        ];
+        for width in [1usize, 5, 16, 17, 40, 1000] {
+            for (s, &special) in specials.iter().enumerate() {
+                for at in [0, width / 2, width - 1] {
+                    let mut xs: Vec<f32> = (0..width)
+                        .map(|i| ((i * 7919 + s) % 97) as f32 * -0.25)
+                        .collect();
+                    xs[at] = special;
+                    // Every other entry of the last row zero of either sign: the max is a zero.
+                    let zeros: Vec<f32> = (0..width)
+                        .map(|i| if i % 2 == 0 { -0.0 } else { 0.0 } - (i % 3) as f32)
+                        .collect();
+                    for row in [xs, zeros] {
+                        let mut got = vec![0.0; width];
+                        softmax(&row, &mut got);
+                        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(
+                            got,
+                            serial(&row),
+                            "width {width}, special {special} at {at}"
+                        );
+                        let mut rows = [row.clone(), row.clone()].concat();
+                        softmax_rows_inplace(&mut rows, width);
+                        let rows: Vec<u32> = rows[width..].iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(rows, serial(&row), "in place, width {width}");
+                    }
+                }
+            }
         }
     }
 }

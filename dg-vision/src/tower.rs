@@ -241,36 +241,14 @@ impl VisionTower {
             out
         };
         let (qh, kh, vh) = (head_major(&q, nh), head_major(&k, nkv), head_major(&v, nkv));
-        let group = nh / nkv;
         let mut out = vec![0f32; n * nh * hd];
-        let mut scores = vec![0f32; n * n];
-        let mut ctx = vec![0f32; n * hd];
-        for h in 0..nh {
-            let kv = h / group;
-            let qs = &qh[h * n * hd..(h + 1) * n * hd];
-            let ks = &kh[kv * n * hd..(kv + 1) * n * hd];
-            let vs = &vh[kv * n * hd..(kv + 1) * n * hd];
-            // Scale 1.0: the q/k norms replace 1/sqrt(head_dim).
-            dg_quant::matmul_f32(qs, ks, n, hd, n, true, &mut scores).map_err(|source| {
-                VisionError::Quant {
-                    name: "vision attention scores".into(),
-                    source,
-                }
-            })?;
-            scores
-                .par_chunks_mut(n * 8)
-                .for_each(|rows| dg_quant::mlx::softmax_rows_inplace(rows, n));
-            dg_quant::matmul_f32(&scores, vs, n, n, hd, false, &mut ctx).map_err(|source| {
-                VisionError::Quant {
-                    name: "vision attention values".into(),
-                    source,
-                }
-            })?;
-            for tok in 0..n {
-                out[(tok * nh + h) * hd..(tok * nh + h + 1) * hd]
-                    .copy_from_slice(&ctx[tok * hd..(tok + 1) * hd]);
-            }
-        }
+        // Scale 1.0: the q/k norms replace 1/sqrt(head_dim).
+        dg_quant::attention_bidirectional(&qh, &kh, &vh, (nh, nkv, hd), n, n, &mut out).map_err(
+            |source| VisionError::Quant {
+                name: "vision attention".into(),
+                source,
+            },
+        )?;
         Ok(b.o_proj.forward(&out, n)?)
     }
 

@@ -1,0 +1,154 @@
+//! Bidirectional softmax attention in f32 (the vision tower's: every query sees every key,
+//! scale 1), in blocks of queries.
+//!
+//! Computed head by head as `softmax(q k^T) v`, a head's `[n, n]` scores of a large image
+//! (2376 patches: 22 MB) would leave the caches between the three passes over them (scores,
+//! softmax, values). Each task here takes one head's block of `QUERY_ROWS` queries, whose
+//! scores stay in this thread's cache from their product to the values product.
+
+use rayon::prelude::*;
+
+use crate::format::{check_len, mul};
+use crate::scratch::with_buffer;
+use crate::QuantError;
+
+/// Queries per task: their scores over a large image's keys (2376: 1.2 MB) stay near one
+/// core's L2 while the values product reads them (64 to 256 rows measured alike:
+/// docs/PERFORMANCE.md).
+const QUERY_ROWS: usize = 128;
+
+/// `out [n_q, heads * hd]` (token-major) = `softmax(q_h k_h^T) v_h` for every query head `h`,
+/// from head-major `q [heads, n_q, hd]`, `k` and `v` `[kv_heads, n_k, hd]` (query head `h`
+/// reads key/value head `h / (heads / kv_heads)`); the softmax is MLX's
+/// ([`crate::mlx::softmax_rows_inplace`]). Tasks (head, block of queries) run on the current
+/// pool.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bidirectional(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (heads, kv_heads, hd): (usize, usize, usize),
+    n_q: usize,
+    n_k: usize,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(QuantError::Heads { heads, kv_heads });
+    }
+    check_len(
+        "attention queries",
+        q.len(),
+        mul("attention queries", heads * n_q, hd)?,
+    )?;
+    check_len(
+        "attention keys",
+        k.len(),
+        mul("attention keys", kv_heads * n_k, hd)?,
+    )?;
+    check_len(
+        "attention values",
+        v.len(),
+        mul("attention values", kv_heads * n_k, hd)?,
+    )?;
+    check_len(
+        "attention output",
+        out.len(),
+        mul("attention output", n_q, heads * hd)?,
+    )?;
+    if n_q == 0 || hd == 0 {
+        return Ok(());
+    }
+    let group = heads / kv_heads;
+    let blocks = n_q.div_ceil(QUERY_ROWS);
+    let per_task: Vec<Vec<f32>> = (0..heads * blocks)
+        .into_par_iter()
+        .map(|t| {
+            let (h, b) = (t / blocks, t % blocks);
+            let (i0, rows) = (b * QUERY_ROWS, QUERY_ROWS.min(n_q - b * QUERY_ROWS));
+            let kv = h / group;
+            let qs = &q[(h * n_q + i0) * hd..(h * n_q + i0 + rows) * hd];
+            let ks = &k[kv * n_k * hd..(kv + 1) * n_k * hd];
+            let vs = &v[kv * n_k * hd..(kv + 1) * n_k * hd];
+            let mut ctx = vec![0.0f32; rows * hd];
+            with_buffer(rows * n_k, |scores| {
+                crate::matmul_f32(qs, ks, rows, hd, n_k, true, scores)?;
+                crate::mlx::softmax_rows_inplace(scores, n_k);
+                crate::matmul_f32(scores, vs, rows, n_k, hd, false, &mut ctx)
+            })?;
+            Ok(ctx)
+        })
+        .collect::<Result<_, QuantError>>()?;
+    for (t, ctx) in per_task.iter().enumerate() {
+        let (h, i0) = (t / blocks, (t % blocks) * QUERY_ROWS);
+        for (i, row) in ctx.chunks_exact(hd).enumerate() {
+            let at = ((i0 + i) * heads + h) * hd;
+            out[at..at + hd].copy_from_slice(row);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Softmax attention of one query row in f64.
+    fn naive_row(q: &[f32], k: &[f32], v: &[f32], hd: usize) -> Vec<f64> {
+        let s: Vec<f64> = k
+            .chunks_exact(hd)
+            .map(|kr| q.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum())
+            .collect();
+        let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+        let z: f64 = e.iter().sum();
+        let mut o = vec![0.0f64; hd];
+        for (w, vr) in e.iter().zip(v.chunks_exact(hd)) {
+            for (o, x) in o.iter_mut().zip(vr) {
+                *o += w / z * *x as f64;
+            }
+        }
+        o
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 1000) as f32 / 250.0 - 2.0)
+            .collect()
+    }
+
+    #[test]
+    fn matches_f64_attention() {
+        // 300 queries: two whole blocks and a partial one; 4 query heads on 2 key/value heads.
+        let (heads, kv_heads, hd, n_q, n_k) = (4usize, 2usize, 9usize, 300usize, 77usize);
+        let q = values(heads * n_q * hd, 1);
+        let k = values(kv_heads * n_k * hd, 2);
+        let v = values(kv_heads * n_k * hd, 3);
+        let mut out = vec![f32::NAN; n_q * heads * hd];
+        attention_bidirectional(&q, &k, &v, (heads, kv_heads, hd), n_q, n_k, &mut out).unwrap();
+        for h in 0..heads {
+            let kv = h / 2;
+            let (ks, vs) = (
+                &k[kv * n_k * hd..(kv + 1) * n_k * hd],
+                &v[kv * n_k * hd..(kv + 1) * n_k * hd],
+            );
+            for i in [0usize, 127, 128, 299] {
+                let want = naive_row(&q[(h * n_q + i) * hd..(h * n_q + i + 1) * hd], ks, vs, hd);
+                let got = &out[(i * heads + h) * hd..(i * heads + h + 1) * hd];
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((*g as f64 - w).abs() < 1e-5, "head {h} row {i}: {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_mismatched_shapes() {
+        let mut out = vec![0.0f32; 8];
+        let err =
+            attention_bidirectional(&[0.0; 8], &[0.0; 8], &[0.0; 8], (3, 2, 4), 2, 2, &mut out);
+        assert!(err.unwrap_err().to_string().contains("heads"));
+        let err =
+            attention_bidirectional(&[0.0; 7], &[0.0; 8], &[0.0; 8], (1, 1, 4), 2, 2, &mut out);
+        assert!(err.unwrap_err().to_string().contains("queries"));
+    }
+}
