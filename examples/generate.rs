@@ -140,6 +140,7 @@ impl Args {
 }
 
 fn main() {
+    dg_engine::retain_freed_memory();
     let args = Args::parse();
     let code = match run(&args) {
         Ok(code) => code,

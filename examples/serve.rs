@@ -76,8 +76,13 @@ struct Args {
     shutdown_grace: Option<u64>,
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Before the runtime's threads exist, so that they share the setting's arena.
+    dg_engine::retain_freed_memory();
+    tokio::runtime::Runtime::new()?.block_on(serve())
+}
+
+async fn serve() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

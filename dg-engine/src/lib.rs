@@ -32,6 +32,8 @@
 //! - [`research`]: the block loop's pieces on their own, bit-identical to the reference: the
 //!   MLX-compatible RNG, the per-step sampler math, the MLX CPU kernels they reproduce, and
 //!   single prefill and decoder passes.
+//! - [`retain_freed_memory`]: one call at the start of `main`, before any thread, makes long
+//!   prompts faster on Linux (glibc reuses freed buffers instead of faulting in fresh pages).
 
 #![warn(missing_docs)]
 
@@ -68,6 +70,7 @@ pub use dg_core::lora::{Adapter, AdapterConfig, LoraParameters};
 #[cfg(feature = "synthetic")]
 pub use dg_core::synthetic;
 pub use dg_core::CoreError;
+pub use dg_quant::alloc::retain_freed_memory;
 pub use dg_tokenize::{Content, ContentPart, Tokenizer};
 #[cfg(feature = "vision")]
 pub use dg_vision::{DecodeLimits, VisionError};
