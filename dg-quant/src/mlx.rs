@@ -13,6 +13,23 @@ use rayon::prelude::*;
 
 use crate::kernels::{with_kernel, Kernel, Kernels};
 
+// The constants are spelled as in MLX's source; Rust rounds them to the same f32 values
+// (`1.442695f32` is `LOG2_E` rounded to f32, checked in the tests).
+/// `log2(e)` as MLX's `exp` spells it.
+#[allow(clippy::approx_constant)]
+pub(crate) const EXP_LOG2E: f32 = 1.442_695_f32;
+/// The coefficients of MLX's `exp` polynomial in the fraction, highest degree first.
+#[allow(clippy::excessive_precision)]
+pub(crate) const EXP_POLY: [f32; 7] = [
+    1.535_336_188_319_500e-4,
+    1.339_887_440_266_574e-3,
+    9.618_437_357_674_640e-3,
+    5.550_332_471_162_809e-2,
+    2.402_264_791_363_012e-1,
+    6.931_472_028_550_421e-1,
+    1.0,
+];
+
 /// MLX's CPU `exp` (`simd::exp` in `mlx/backend/cpu/simd/math.h`), bit for bit.
 ///
 /// `exp(x) = 2**i * p(f)` with `y = f32(x * 1.442695f)`, `i = floor(y + 0.5)`, `f = y - i`
@@ -21,21 +38,15 @@ use crate::kernels::{with_kernel, Kernel, Kernels};
 /// underflows (the shifted exponent field is zero, never a subnormal); above 88 gives inf.
 /// The `+ 0.5` and the `floor` run in **double** (`Simd<float> + 0.5` promotes); that only
 /// differs from f32 for `y = 0.5 - 2**-25`, which no f32 `x` produces, but costs nothing.
-// The constants are spelled as in MLX's source; Rust rounds them to the same f32 values
-// (`1.442695f32` is `LOG2_E` rounded to f32, checked in the tests).
-#[allow(clippy::excessive_precision, clippy::approx_constant)]
 #[inline]
 pub fn exp(x_init: f32) -> f32 {
-    let x = x_init * 1.442_695_f32;
+    let x = x_init * EXP_LOG2E;
     let ipart = ((x as f64) + 0.5).floor() as f32;
     let fpart = x - ipart;
-    let mut p = 1.535_336_188_319_500e-4_f32;
-    p = p.mul_add(fpart, 1.339_887_440_266_574e-3);
-    p = p.mul_add(fpart, 9.618_437_357_674_640e-3);
-    p = p.mul_add(fpart, 5.550_332_471_162_809e-2);
-    p = p.mul_add(fpart, 2.402_264_791_363_012e-1);
-    p = p.mul_add(fpart, 6.931_472_028_550_421e-1);
-    p = p.mul_add(fpart, 1.0);
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = p.mul_add(fpart, c);
+    }
     // C++ converts with `cvttss2si` (out of range gives i32::MIN); only |x| <= 88 reaches the
     // result, where `as` agrees, so the saturating `as` is fine.
     let epart = (ipart as i32).wrapping_add(127).wrapping_shl(23);
@@ -250,9 +261,7 @@ mod tests {
 
     #[test]
     fn log2e_spelling_is_the_f32_constant() {
-        #[allow(clippy::approx_constant)]
-        let spelled = 1.442_695_f32;
-        assert_eq!(spelled.to_bits(), std::f32::consts::LOG2_E.to_bits());
+        assert_eq!(EXP_LOG2E.to_bits(), std::f32::consts::LOG2_E.to_bits());
     }
 
     #[test]

@@ -223,23 +223,12 @@ unsafe fn axpy_avx2(a: f32, x: *const f32, y: *mut f32, n: usize) {
 /// # Safety
 /// AVX2/FMA available; `xs` valid for reads and `out` for writes of `n` (a multiple of 8)
 /// elements.
-// The constants are spelled as in `mlx::exp` (MLX's source).
-#[allow(clippy::excessive_precision, clippy::approx_constant)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exp_shifted_avx2(xs: *const f32, shift: f32, out: *mut f32, n: usize) {
     let shift = _mm256_set1_ps(shift);
-    let log2e = _mm256_set1_ps(1.442_695_f32);
+    let log2e = _mm256_set1_ps(crate::mlx::EXP_LOG2E);
     let half = _mm256_set1_pd(0.5);
-    let c = [
-        1.535_336_188_319_500e-4_f32,
-        1.339_887_440_266_574e-3,
-        9.618_437_357_674_640e-3,
-        5.550_332_471_162_809e-2,
-        2.402_264_791_363_012e-1,
-        6.931_472_028_550_421e-1,
-        1.0,
-    ]
-    .map(|v| _mm256_set1_ps(v));
+    let c = crate::mlx::EXP_POLY.map(|v| _mm256_set1_ps(v));
     let bias = _mm256_set1_epi32(127);
     let (hi_limit, lo_limit) = (_mm256_set1_ps(88.0), _mm256_set1_ps(-88.0));
     let (inf, zero) = (_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps());

@@ -50,28 +50,17 @@ impl Avx512 {
 /// MLX rounds `floor(y + 0.5)` in double; here it is rounded in f32 (`vrndscaleps`), which
 /// agrees for every f32 `y` whose sum `y + 0.5` is exact in f32: all of them except
 /// `0.5 - 2^-25`, which `y = f32(x * 1.442695)` never is (checked over every f32 `x` by the
-/// ignored test `exp_agrees_on_every_f32`). Sixteen lanes and no double conversion make it
-/// about four times the AVX2 body's speed, which the attention softmax feels.
+/// ignored test `exp_agrees_on_every_f32`). Sixteen lanes and no double conversion: the
+/// attention softmax runs these exps.
 ///
 /// # Safety
 /// AVX-512F available; `xs` and `out` valid for `n` elements.
-// The constants are spelled as in `mlx::exp` (MLX's source).
-#[allow(clippy::excessive_precision, clippy::approx_constant)]
 #[target_feature(enable = "avx512f")]
 unsafe fn exp_shifted_avx512(xs: *const f32, shift: f32, out: *mut f32, n: usize) {
     let shift = _mm512_set1_ps(shift);
-    let log2e = _mm512_set1_ps(1.442_695_f32);
+    let log2e = _mm512_set1_ps(crate::mlx::EXP_LOG2E);
     let half = _mm512_set1_ps(0.5);
-    let c = [
-        1.535_336_188_319_500e-4_f32,
-        1.339_887_440_266_574e-3,
-        9.618_437_357_674_640e-3,
-        5.550_332_471_162_809e-2,
-        2.402_264_791_363_012e-1,
-        6.931_472_028_550_421e-1,
-        1.0,
-    ]
-    .map(|v| _mm512_set1_ps(v));
+    let c = crate::mlx::EXP_POLY.map(|v| _mm512_set1_ps(v));
     let bias = _mm512_set1_epi32(127);
     let (hi_limit, lo_limit) = (_mm512_set1_ps(88.0), _mm512_set1_ps(-88.0));
     let inf = _mm512_set1_ps(f32::INFINITY);
