@@ -22,7 +22,6 @@ const QUERY_ROWS: usize = 128;
 /// reads key/value head `h / (heads / kv_heads)`); the softmax is MLX's
 /// ([`crate::mlx::softmax_rows_inplace`]). Tasks (head, block of queries) run on the current
 /// pool.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_bidirectional(
     q: &[f32],
     k: &[f32],
@@ -38,22 +37,30 @@ pub fn attention_bidirectional(
     check_len(
         "attention queries",
         q.len(),
-        mul("attention queries", heads * n_q, hd)?,
+        mul(
+            "attention queries",
+            mul("attention queries", heads, n_q)?,
+            hd,
+        )?,
     )?;
     check_len(
         "attention keys",
         k.len(),
-        mul("attention keys", kv_heads * n_k, hd)?,
+        mul("attention keys", mul("attention keys", kv_heads, n_k)?, hd)?,
     )?;
     check_len(
         "attention values",
         v.len(),
-        mul("attention values", kv_heads * n_k, hd)?,
+        mul(
+            "attention values",
+            mul("attention values", kv_heads, n_k)?,
+            hd,
+        )?,
     )?;
     check_len(
         "attention output",
         out.len(),
-        mul("attention output", n_q, heads * hd)?,
+        mul("attention output", mul("attention output", n_q, heads)?, hd)?,
     )?;
     if n_q == 0 || hd == 0 {
         return Ok(());
