@@ -7,6 +7,7 @@
 //! free the memory sooner.
 
 use dg_quant::alloc::{self, OutOfMemory};
+use rayon::prelude::*;
 
 /// Keys and values of one layer, per key/value head: `[positions, head_dim]` each.
 #[derive(Clone, Debug)]
@@ -61,18 +62,22 @@ impl LayerCache {
         self.keys.len()
     }
 
-    /// Appends new positions, per key/value head.
+    /// Appends new positions, per key/value head; the heads' copies run in parallel (a long
+    /// prompt's first pass also faults in their fresh pages).
     pub(crate) fn append<'a>(
         &mut self,
         keys: impl Iterator<Item = &'a [f32]>,
         values: impl Iterator<Item = &'a [f32]>,
     ) {
-        for (dst, src) in self.keys.iter_mut().zip(keys) {
-            dst.extend_from_slice(src);
-        }
-        for (dst, src) in self.values.iter_mut().zip(values) {
-            dst.extend_from_slice(src);
-        }
+        let copies: Vec<(&mut Vec<f32>, &[f32])> = self
+            .keys
+            .iter_mut()
+            .zip(keys)
+            .chain(self.values.iter_mut().zip(values))
+            .collect();
+        copies
+            .into_par_iter()
+            .for_each(|(dst, src)| dst.extend_from_slice(src));
     }
 
     /// Makes room for `positions` more entries per head, so that appending them cannot abort

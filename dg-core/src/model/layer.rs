@@ -3,6 +3,7 @@
 //! only the layer scalar differs (the encoder has its own).
 
 use dg_quant::ops;
+use rayon::prelude::*;
 
 use super::attention::{Attention, AttentionMask};
 use super::batch::Segments;
@@ -108,9 +109,7 @@ impl Layer {
             ),
         };
         let attn = self.norm(&attn, &self.post_attention_layernorm);
-        for (r, a) in x.iter_mut().zip(&attn) {
-            *r += a;
-        }
+        elementwise(x, &attn, |r, a| *r += a);
         let residual: &[f32] = x;
 
         let dense_in = self.norm(residual, &self.pre_feedforward_layernorm);
@@ -122,13 +121,18 @@ impl Layer {
         let moe = self.experts.forward(&moe_in, rows, &routing)?;
         let mut moe = self.norm(&moe, &self.post_feedforward_layernorm_2);
 
-        for (m, d) in moe.iter_mut().zip(&dense) {
-            *m += d;
-        }
+        elementwise(&mut moe, &dense, |m, d| *m += d);
         let ffn = self.norm(&moe, &self.post_feedforward_layernorm);
-        for (r, f) in x.iter_mut().zip(&ffn) {
-            *r = (*r + f) * scalar;
-        }
+        elementwise(x, &ffn, |r, f| *r = (*r + f) * scalar);
         Ok(())
     }
+}
+
+/// `f(&mut x[i], y[i])` for every `i`, in parallel (a long prompt's residual stream is tens
+/// of megabytes).
+fn elementwise(x: &mut [f32], y: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
+    const CHUNK: usize = 1 << 14;
+    x.par_chunks_mut(CHUNK)
+        .zip(y.par_chunks(CHUNK))
+        .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, &y)| f(x, y)));
 }

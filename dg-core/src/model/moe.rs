@@ -42,7 +42,7 @@ impl Router {
         let scores = self.proj.forward(&normed, rows)?;
         let experts = self.per_expert_scale.len();
         Ok(scores
-            .chunks_exact(experts)
+            .par_chunks_exact(experts)
             .map(|row| self.pick(row))
             .collect())
     }
@@ -54,11 +54,11 @@ impl Router {
         let root = (hidden as f32).powf(-0.5);
         let mut normed = alloc::zeroed(residual.len(), "router input [rows, hidden]")?;
         ops::rms_norm_rows_par(residual, hidden, None, self.eps, &mut normed);
-        for row in normed.chunks_exact_mut(hidden) {
+        normed.par_chunks_exact_mut(hidden).for_each(|row| {
             for (v, s) in row.iter_mut().zip(&self.scale) {
                 *v = *v * s * root;
             }
-        }
+        });
         Ok(normed)
     }
 
@@ -133,16 +133,25 @@ impl Experts {
             .forward_pairs(&act, pairs.len(), &down_pairs)?;
         let hidden = self.down_proj.out_dim;
         let mut out = alloc::zeroed(rows * hidden, "expert output [rows, hidden]")?;
-        let mut p = 0;
-        for (t, r) in routing.iter().enumerate() {
-            let o = &mut out[t * hidden..(t + 1) * hidden];
-            for &w in &r.weights {
-                for (o, v) in o.iter_mut().zip(&y[p * hidden..(p + 1) * hidden]) {
-                    *o += v * w;
+        // Each token's first pair (pairs are in routing order).
+        let first_pair: Vec<usize> = routing
+            .iter()
+            .scan(0, |p, r| {
+                let first = *p;
+                *p += r.weights.len();
+                Some(first)
+            })
+            .collect();
+        out.par_chunks_exact_mut(hidden)
+            .zip(routing.par_iter().zip(first_pair))
+            .for_each(|(o, (r, p))| {
+                for (j, &w) in r.weights.iter().enumerate() {
+                    let y = &y[(p + j) * hidden..(p + j + 1) * hidden];
+                    for (o, v) in o.iter_mut().zip(y) {
+                        *o += v * w;
+                    }
                 }
-                p += 1;
-            }
-        }
+            });
         Ok((out, ExpertActivations { gate_up, y }))
     }
 }
