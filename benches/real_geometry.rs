@@ -3,7 +3,7 @@
 //! (`tools/bench/write_real_geometry.sh`, 30 layers by default):
 //!
 //! - one denoising step over a 256-token canvas: the decoder pass (embedding, self-conditioning
-//!   block, every layer, final norm), the tied head, and the self-conditioning signal of the
+//!   block, every layer, final norm), the tied head, the confidence sampler's draw, and the self-conditioning signal of the
 //!   next step (softmax rows, soft embeddings with the exact sparse product);
 //! - a whole block of generation (the engine's loop: the parts above plus the sampler), per step;
 //! - prefill of 256 / 1024 / 4096 prompt tokens;
@@ -27,6 +27,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use dg_core::config::{LayerType, TextConfig};
 use dg_core::{SelfConditioning, TextModel};
+use dg_engine::research::{sampler, Rng};
 use dg_engine::{DiffusionGemma, Request, Sampler};
 use dg_vision::{ImageProcessor, PreparedImage, VisionModel};
 
@@ -172,6 +173,8 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
     let first = model.decode(&cache, &canvas, SelfConditioning::None)?;
     let soft = model.soft_embeddings(&softmax_rows(&first, vocab), canvas_len)?;
     let (mut pass, mut head, mut softmax, mut embed) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    let mut draw = f64::MAX;
+    let mut rng = Rng::new(1);
     // The logits and probabilities buffers live across steps, as the engine keeps them.
     let (mut logits, mut probs) = (first, vec![0.0f32; canvas_len * vocab]);
     for _ in 0..steps.max(1) {
@@ -181,6 +184,17 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
         pass = pass.min(s);
         let ((), s) = time(|| Ok(model.logits_into(&hidden, canvas_len, &mut logits)?))?;
         head = head.min(s);
+        // The confidence sampler's step before its softmax (`BlockState::step`), `probs` its
+        // scratch as in the engine.
+        let (tokens, s) = time(|| {
+            sampler::apply_temperature(&mut logits, 0.8);
+            let argmax = sampler::argmax_canvas(&logits, vocab)?;
+            let drawn = sampler::sample_canvas_with(&logits, vocab, 1.0, &mut rng, &mut probs)?;
+            let confidence = sampler::token_probability(&logits, vocab, &drawn)?;
+            Ok((argmax, confidence))
+        })?;
+        draw = draw.min(s);
+        black_box(tokens);
         let ((), s) = time(|| {
             dg_quant::mlx::softmax_rows(&logits, vocab, &mut probs);
             Ok(())
@@ -202,6 +216,11 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
             part: "head (tied, 4-bit)".into(),
             seconds: head,
             flops: 2.0 * rows * h * v,
+        },
+        Row {
+            part: "sampler (temperature, argmax, Gumbel-max draw, confidences)".into(),
+            seconds: draw,
+            flops: 0.0,
         },
         Row {
             part: "softmax rows".into(),

@@ -513,11 +513,14 @@ fn denoise_round(
             unreachable!("active sequences are denoising")
         };
         let values = span.start * vocab..span.end * vocab;
-        let step = state.step(
-            &mut logits[values.clone()],
-            &mut probs[values.clone()],
-            &mut seq.rng,
-        )?;
+        // On the engine's pool: the samplers' passes over the logits are parallel.
+        let step = pool.install(|| {
+            state.step(
+                &mut logits[values.clone()],
+                &mut probs[values.clone()],
+                &mut seq.rng,
+            )
+        })?;
         match step {
             Step::Last(result) => seq.finish_block(result, on_event)?,
             Step::Stopped(result) => {

@@ -63,6 +63,90 @@ pub fn exp(x_init: f32) -> f32 {
     result
 }
 
+/// `[1 / c, ln c]` for the 16 subintervals of glibc's `logf` (`__logf_data.tab`).
+pub(crate) const LOGF_TABLE: [[f64; 2]; 16] = [
+    [hexf(0x3FF6_61EC_79F8_F3BE), hexf(0xBFD5_7BF7_808C_AADE)],
+    [hexf(0x3FF5_71ED_4AAF_883D), hexf(0xBFD2_BEF0_A7C0_6DDB)],
+    [hexf(0x3FF4_9539_F0F0_10B0), hexf(0xBFD0_1EAE_7F51_3A67)],
+    [hexf(0x3FF3_C995_B0B8_0385), hexf(0xBFCB_31D8_A682_24E9)],
+    [hexf(0x3FF3_0D19_0C88_64A5), hexf(0xBFC6_574F_0AC0_7758)],
+    [hexf(0x3FF2_5E22_7B0B_8EA0), hexf(0xBFC1_AA2B_C79C_8100)],
+    [hexf(0x3FF1_BB4A_4A1A_343F), hexf(0xBFBA_4E76_CE8C_0E5E)],
+    [hexf(0x3FF1_2358_F08A_E5BA), hexf(0xBFB1_973C_5A61_1CCC)],
+    [hexf(0x3FF0_953F_4199_00A7), hexf(0xBFA2_52F4_38E1_0C1E)],
+    [hexf(0x3FF0_0000_0000_0000), 0.0],
+    [hexf(0x3FEE_608C_FD9A_47AC), hexf(0x3FAA_A5AA_5DF2_5984)],
+    [hexf(0x3FEC_A4B3_1F02_6AA0), hexf(0x3FBC_5E53_AA36_2EB4)],
+    [hexf(0x3FEB_2036_576A_FCE6), hexf(0x3FC5_26E5_7720_DB08)],
+    [hexf(0x3FE9_C2D1_63A1_AA2D), hexf(0x3FCB_C286_0D22_4770)],
+    [hexf(0x3FE8_86E6_0378_41ED), hexf(0x3FD1_058B_C8A0_7EE1)],
+    [hexf(0x3FE7_67DC_F553_4862), hexf(0x3FD4_0430_57B6_EE09)],
+];
+/// `ln 2` and the polynomial `A[0..3]` of glibc's `logf` (`log1p(r) ~ r + A[2] r^2 + ...`).
+pub(crate) const LOGF_LN2: f64 = hexf(0x3FE6_2E42_FEFA_39EF);
+pub(crate) const LOGF_POLY: [f64; 3] = [
+    hexf(0xBFD0_0EA3_48B8_8334),
+    hexf(0x3FD5_575B_0BE0_0B6A),
+    hexf(0xBFDF_FFFE_F20A_4123),
+];
+
+const fn hexf(bits: u64) -> f64 {
+    f64::from_bits(bits)
+}
+
+/// MLX's CPU `log`: `std::log(float)`, which on the reference machine (Linux x86-64, glibc
+/// 2.36) is glibc's `logf` in its FMA build (`__logf_fma`), bit for bit on every input, so
+/// that the Gumbel noise and the log-sum-exps do not depend on this machine's libm.
+///
+/// `x = 2^k z` with `z` near 1 in one of 16 subintervals around `c`; then, in double,
+/// `log x = log1p(z / c - 1) + log c + k ln 2` with a degree-4 polynomial, each step one
+/// fused multiply-add as in the FMA build, rounded once to f32 at the end.
+#[inline]
+pub fn log(x: f32) -> f32 {
+    let mut ix = x.to_bits();
+    if ix == 0x3F80_0000 {
+        return 0.0;
+    }
+    if ix.wrapping_sub(0x0080_0000) >= 0x7F80_0000 - 0x0080_0000 {
+        // Zero, subnormal, negative, infinite or NaN.
+        if ix << 1 == 0 {
+            return f32::NEG_INFINITY;
+        }
+        if ix == 0x7F80_0000 {
+            return x;
+        }
+        if ix & 0x8000_0000 != 0 || ix << 1 >= 0xFF00_0000 {
+            // glibc's `(x - x) / (x - x)`: the NaN of a NaN `x`, the x86 default NaN (sign
+            // bit set) of a negative one.
+            #[allow(clippy::eq_op)]
+            return (x - x) / (x - x);
+        }
+        // A subnormal: normalized exactly, its exponent taken back below.
+        ix = (x * 8_388_608.0).to_bits().wrapping_sub(23 << 23);
+    }
+    log_normal(ix)
+}
+
+/// [`log`] of the positive normal float `ix` (bits).
+#[inline]
+fn log_normal(ix: u32) -> f32 {
+    let tmp = ix.wrapping_sub(0x3F33_0000);
+    let [invc, logc] = LOGF_TABLE[((tmp >> 19) & 15) as usize];
+    let k = (tmp as i32) >> 23;
+    let z = f32::from_bits(ix.wrapping_sub(tmp & 0xFF80_0000)) as f64;
+    let r = z.mul_add(invc, -1.0);
+    let y0 = (k as f64).mul_add(LOGF_LN2, logc);
+    let r2 = r * r;
+    let y = LOGF_POLY[1].mul_add(r, LOGF_POLY[2]);
+    let y = r2.mul_add(LOGF_POLY[0], y);
+    r2.mul_add(y, r + y0) as f32
+}
+
+/// `xs[i] = log(xs[i])` on the best kernels (the same bits as [`log`] on every kernel).
+pub fn log_in_place(xs: &mut [f32]) {
+    with_kernel!(Kernels::best(), k => k.log_in_place(xs));
+}
+
 /// `simd::maximum(a, b)`: `a` if `a` is NaN, else `a > b ? a : b` (so a NaN `b` also wins).
 #[inline]
 pub fn maximum(a: f32, b: f32) -> f32 {
@@ -232,6 +316,55 @@ pub fn softmax_rows_inplace(rows: &mut [f32], width: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `f32::ln` is the reference's `logf`: glibc's FMA build (x86-64 Linux with FMA).
+    fn libm_is_glibc_fma() -> bool {
+        #[cfg(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64"))]
+        return std::arch::is_x86_feature_detected!("fma");
+        #[allow(unreachable_code)]
+        false
+    }
+
+    /// `log` against this machine's `logf` on every 251st float and around 1.0, where glibc
+    /// runs it; `every_kernel_logs_as_the_scalar_one` ties the kernels to `log`.
+    #[test]
+    fn log_is_glibcs_logf() {
+        if !libm_is_glibc_fma() {
+            eprintln!("skipped: the platform logf is not glibc's FMA build");
+            return;
+        }
+        let near_one = (0x3F70_0000u32..0x3F88_0000).step_by(7);
+        for b in (0..=u32::MAX).step_by(251).chain(near_one) {
+            let x = f32::from_bits(b);
+            assert_eq!(log(x).to_bits(), x.ln().to_bits(), "x = {x:e} ({b:#x})");
+        }
+    }
+
+    /// [`log_in_place`] on all 2^32 floats against this machine's `logf` (glibc's FMA build;
+    /// about a minute in release: `cargo test --release -p dg-quant -- --ignored
+    /// log_agrees`).
+    #[test]
+    #[ignore]
+    fn log_agrees_with_glibc_on_every_f32() {
+        if !libm_is_glibc_fma() {
+            eprintln!("skipped: the platform logf is not glibc's FMA build");
+            return;
+        }
+        (0..1u64 << 12).into_par_iter().for_each(|chunk| {
+            let start = (chunk << 20) as u32;
+            let xs: Vec<f32> = (0..1u32 << 20).map(|i| f32::from_bits(start + i)).collect();
+            let mut got = xs.clone();
+            log_in_place(&mut got);
+            for (x, g) in xs.iter().zip(&got) {
+                assert_eq!(
+                    g.to_bits(),
+                    x.ln().to_bits(),
+                    "x = {x:e} ({:#x})",
+                    x.to_bits()
+                );
+            }
+        });
+    }
 
     #[test]
     fn softmax_rows_are_each_rows_softmax() {

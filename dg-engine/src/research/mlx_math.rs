@@ -11,25 +11,19 @@
 //!   JIT compiles them without `-mfma` on this wheel, so nothing is contracted into FMAs).
 //!   Results differ from a correctly rounded `expf` by a few ulp and flush to exactly 0 below
 //!   -87.3.
-//! - `log` is `std::log(float)`, i.e. the platform's `logf` (glibc on the reference machine);
-//!   [`log`] calls the same function through `f32::ln`. Portability caveat: on a platform
-//!   whose libm `logf` rounds differently (macOS, musl, Windows), `log`, `logsumexp` and
-//!   Gumbel noise may differ from the Linux reference in the last bit on rare inputs.
+//! - `log` is `std::log(float)`, i.e. the platform's `logf`: on the reference machine glibc's,
+//!   in its FMA build. [`log`] is that algorithm ported (`dg_quant::mlx::log`, checked
+//!   against glibc on all 2^32 floats), so `log`, `logsumexp` and the Gumbel noise match the
+//!   Linux reference on every platform, whatever its libm.
 //! - Sums (`mx.sum`, `logsumexp`, `softmax`, `cumsum`) accumulate in f32, sequentially from
 //!   index 0, starting from `0.0` ([`sum`]).
 //! - `max` reductions and `maximum` propagate NaN ([`maximum`]); `argmax` keeps the **first**
 //!   maximal index (strict `>`), except that the first NaN wins ([`argmax`]).
 //!
-//! `exp`, `maximum`, `max` and `softmax` live in `dg_quant::mlx` (the decoder's
+//! `exp`, `log`, `maximum`, `max` and `softmax` live in `dg_quant::mlx` (the decoder's
 //! self-conditioning softmax is the sampler's); they are re-exported here.
 
-pub use dg_quant::mlx::{exp, exp_shifted, max, maximum, sum_exp_shifted};
-
-/// MLX's CPU `log`: `std::log(float)`, the platform `logf`.
-#[inline]
-pub fn log(x: f32) -> f32 {
-    x.ln()
-}
+pub use dg_quant::mlx::{exp, exp_shifted, log, log_in_place, max, maximum, sum_exp_shifted};
 
 /// `mx.sum` over a contiguous row in f32: `0.0 + x0 + x1 + ...`, left to right.
 pub fn sum(xs: &[f32]) -> f32 {

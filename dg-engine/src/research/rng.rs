@@ -39,6 +39,8 @@
 //!   infinite. The two paths give different samples for the same key. A 1-D `(V,)` input
 //!   uses the Gumbel path.
 
+use rayon::prelude::*;
+
 use crate::error::{EngineError, Result};
 use crate::mlx_math;
 
@@ -71,22 +73,78 @@ pub fn threefry2x32(key: Key, count: [u32; 2]) -> [u32; 2] {
 /// Fills `out` as `mx.random.bits(shape, key=key)` does for `prod(shape) == out.len()` words
 /// (width 4), in MLX's counter layout (see the module docs).
 pub fn fill_bits(key: Key, out: &mut [u32]) {
-    for_each_bits(key, out.len(), |i, word| out[i] = word);
+    update_with_bits(key, out, |words, o| o.copy_from_slice(words));
 }
 
-/// Calls `f(index, word)` for each of the `n` words [`fill_bits`] would write.
-fn for_each_bits(key: Key, n: usize, mut f: impl FnMut(usize, u32)) {
-    let half = n / 2;
-    let odd = n % 2;
-    for i in 0..half {
-        let second = half + odd + i;
-        let [a, b] = threefry2x32(key, [i as u32, second as u32]);
-        f(i, a);
-        f(second, b);
+/// Counter pairs hashed together by [`threefry2x32_lanes`].
+const LANES: usize = 8;
+
+/// [`threefry2x32`] of `LANES` counter pairs, `(first words, second words)`: the same steps
+/// on arrays, which the compiler keeps in vector registers.
+#[inline]
+fn threefry2x32_lanes(
+    key: Key,
+    c0: [u32; LANES],
+    c1: [u32; LANES],
+) -> ([u32; LANES], [u32; LANES]) {
+    const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
+    let ks = [key[0], key[1], key[0] ^ key[1] ^ 0x1BD1_1BDA];
+    let mut x0 = c0.map(|c| c.wrapping_add(ks[0]));
+    let mut x1 = c1.map(|c| c.wrapping_add(ks[1]));
+    for i in 0..5 {
+        for &r in &ROTATIONS[i % 2] {
+            for l in 0..LANES {
+                x0[l] = x0[l].wrapping_add(x1[l]);
+                x1[l] = x1[l].rotate_left(r) ^ x0[l];
+            }
+        }
+        for l in 0..LANES {
+            x0[l] = x0[l].wrapping_add(ks[(i + 1) % 3]);
+            x1[l] = x1[l]
+                .wrapping_add(ks[(i + 2) % 3])
+                .wrapping_add(i as u32 + 1);
+        }
     }
+    (x0, x1)
+}
+
+/// Words per task of [`update_with_bits`] (each task takes two runs of this many; a
+/// multiple of `LANES`).
+const BITS_CHUNK: usize = 4096;
+
+/// Calls `f(words, values)` on runs of `values`, `words` holding the words of
+/// `bits(values.len(), key)` at the same positions: with `h = n / 2` and `o = n % 2`, counter
+/// pair `(i, h + o + i)` gives words `i` and `h + o + i`, and for odd `n` the first output of
+/// `(h, 0)` is word `h`. Each word depends only on its index, so the runs go in parallel on
+/// the current rayon pool (a canvas draw is 67M words).
+fn update_with_bits<T: Send>(key: Key, values: &mut [T], f: impl Fn(&[u32], &mut [T]) + Sync) {
+    let n = values.len();
+    let (half, odd) = (n / 2, n % 2);
+    let (first, second) = values.split_at_mut(half + odd);
     if odd == 1 {
-        f(half, threefry2x32(key, [half as u32, 0])[0]);
+        f(
+            &[threefry2x32(key, [half as u32, 0])[0]],
+            &mut first[half..],
+        );
     }
+    first[..half]
+        .par_chunks_mut(BITS_CHUNK)
+        .zip(second.par_chunks_mut(BITS_CHUNK))
+        .enumerate()
+        .for_each(|(c, (a, b))| {
+            let (mut wa, mut wb) = ([0u32; BITS_CHUNK], [0u32; BITS_CHUNK]);
+            let lanes = wa.chunks_exact_mut(LANES).zip(wb.chunks_exact_mut(LANES));
+            for (l, (wa, wb)) in lanes.take(a.len().div_ceil(LANES)).enumerate() {
+                let i = c * BITS_CHUNK + l * LANES;
+                let first = std::array::from_fn(|j| (i + j) as u32);
+                let second = std::array::from_fn(|j| (half + odd + i + j) as u32);
+                let (x0, x1) = threefry2x32_lanes(key, first, second);
+                wa.copy_from_slice(&x0);
+                wb.copy_from_slice(&x1);
+            }
+            f(&wa[..a.len()], a);
+            f(&wb[..b.len()], b);
+        });
 }
 
 /// `mx.random.split(key, num)`: `num` sub-keys, the rows of `bits((num, 2), key)`.
@@ -216,13 +274,23 @@ pub fn categorical_in_place_with_key(
     if n == vocab && !batch.is_empty() {
         return Ok(vec![categorical_inverse_cdf(key, logits, batch)?]);
     }
-    // The words of `gumbel_with_key(key, shape)`, each turned into its Gumbel value.
-    for_each_bits(key, n, |i, word| {
-        let u = uniform_from_bits(word);
-        logits[i] += -mlx_math::log(-mlx_math::log(u));
+    // The words of `gumbel_with_key(key, shape)`, each turned into its Gumbel value
+    // `-log(-log(u))`, the logs a run at a time on the kernels.
+    update_with_bits(key, logits, |words, logits| {
+        let mut g = [0.0f32; BITS_CHUNK];
+        let g = &mut g[..words.len()];
+        for (g, &w) in g.iter_mut().zip(words) {
+            *g = uniform_from_bits(w);
+        }
+        mlx_math::log_in_place(g);
+        g.iter_mut().for_each(|g| *g = -*g);
+        mlx_math::log_in_place(g);
+        for (logit, g) in logits.iter_mut().zip(g) {
+            *logit += -*g;
+        }
     });
     Ok(logits
-        .chunks_exact(vocab)
+        .par_chunks_exact(vocab)
         .map(|row| mlx_math::argmax(row) as u32)
         .collect())
 }
@@ -404,6 +472,55 @@ mod tests {
             threefry2x32([0x1319_8a2e, 0x0370_7344], [0x243f_6a88, 0x85a3_08d3]),
             [0xc492_3a9c, 0x483d_f7a0]
         );
+    }
+
+    /// `bits` as the module docs define it, one counter pair after the other.
+    fn serial_bits(key: Key, n: usize) -> Vec<u32> {
+        let (half, odd) = (n / 2, n % 2);
+        let mut out = vec![0; n];
+        for i in 0..half {
+            let [a, b] = threefry2x32(key, [i as u32, (half + odd + i) as u32]);
+            out[i] = a;
+            out[half + odd + i] = b;
+        }
+        if odd == 1 {
+            out[half] = threefry2x32(key, [half as u32, 0])[0];
+        }
+        out
+    }
+
+    #[test]
+    fn parallel_bits_match_the_serial_layout() {
+        let pool = dg_quant::pool::build(Some(3)).unwrap();
+        for n in [
+            0,
+            1,
+            2,
+            3,
+            7,
+            2 * BITS_CHUNK - 1,
+            2 * BITS_CHUNK + 1,
+            5 * BITS_CHUNK + 3,
+        ] {
+            let mut got = vec![0; n];
+            pool.install(|| fill_bits(key(7), &mut got));
+            assert_eq!(got, serial_bits(key(7), n), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn threefry_lanes_hash_each_pair() {
+        let (c0, c1) = (
+            std::array::from_fn(|j| j as u32 * 977),
+            std::array::from_fn(|j| !(j as u32)),
+        );
+        let (x0, x1) = threefry2x32_lanes([3, 0xDEAD_BEEF], c0, c1);
+        for l in 0..LANES {
+            assert_eq!(
+                [x0[l], x1[l]],
+                threefry2x32([3, 0xDEAD_BEEF], [c0[l], c1[l]])
+            );
+        }
     }
 
     #[test]

@@ -136,16 +136,21 @@ pub fn linear_temperature(cur_step: usize, steps: usize, t_min: f64, t_max: f64)
 /// differently).
 pub fn apply_temperature(logits: &mut [f32], temperature: f64) {
     let t = temperature as f32;
-    for x in logits {
-        *x /= t;
-    }
+    logits.par_chunks_mut(ELEMENTWISE_CHUNK).for_each(|xs| {
+        for x in xs {
+            *x /= t;
+        }
+    });
 }
+
+/// Elements per task of the samplers' elementwise passes over a canvas's logits.
+const ELEMENTWISE_CHUNK: usize = 1 << 16;
 
 /// `mx.argmax(logits, axis=-1).astype(int32)` (diffusion.py 837): first maximal index per row.
 pub fn argmax_canvas(logits: &[f32], vocab: usize) -> Result<Vec<u32>> {
     rows_of(logits, vocab, "logits")?;
     Ok(logits
-        .chunks_exact(vocab)
+        .par_chunks_exact(vocab)
         .map(|row| mlx_math::argmax(row) as u32)
         .collect())
 }
@@ -184,10 +189,14 @@ pub fn sample_canvas_with(
         return argmax_canvas(logits, vocab);
     }
     same_len(scratch.len(), logits.len(), "scratch")?;
-    scratch.copy_from_slice(logits);
-    if temperature != 1.0 {
-        apply_temperature(scratch, temperature);
-    }
+    let t = temperature as f32;
+    scratch
+        .par_chunks_mut(ELEMENTWISE_CHUNK)
+        .zip(logits.par_chunks(ELEMENTWISE_CHUNK))
+        .for_each(|(s, xs)| match temperature == 1.0 {
+            true => s.copy_from_slice(xs),
+            false => s.iter_mut().zip(xs).for_each(|(s, x)| *s = x / t),
+        });
     rng.categorical_in_place(scratch, &[rows, vocab])
 }
 

@@ -168,6 +168,9 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// `out[i] = mlx::exp(xs[i] - shift)`, MLX's CPU exp bit for bit (`xs` and `out` of equal
     /// length).
     fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]);
+
+    /// `xs[i] = mlx::log(xs[i])`, glibc's `logf` bit for bit.
+    fn log_in_place(self, xs: &mut [f32]);
 }
 
 /// The kernels of the unpacked-panel `x @ W^T` (4- and 8-bit weights): [`Scalar`] (the
@@ -688,6 +691,50 @@ mod tests {
                     with_kernel!(k, k => k.exp_shifted(x, shift, &mut got));
                     assert_eq!(bits(&got), bits(&want), "{k}: n {n}, shift {shift}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_logs_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut xs = vec![
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-40,
+            1e-45,
+            0.999_999_94,
+            f32::EPSILON,
+        ];
+        // Every subinterval edge of the table, and its neighbours.
+        for e in -3..3 {
+            for i in 0..16u32 {
+                let edge = 0x3F33_0000u32
+                    .wrapping_add(i << 19)
+                    .wrapping_add((e as u32) << 23);
+                xs.extend([edge - 1, edge, edge + 1].map(f32::from_bits));
+            }
+        }
+        xs.extend((0..4000).map(|_| f32::from_bits(rng.gen())));
+        xs.extend((0..4000).map(|_| rng.gen_range(0.0f32..30.0)));
+        for n in [0usize, 1, 7, 8, 9, 17, xs.len()] {
+            let mut want = xs[..n].to_vec();
+            Scalar.log_in_place(&mut want);
+            for (w, &v) in want.iter().zip(&xs) {
+                assert_eq!(w.to_bits(), crate::mlx::log(v).to_bits());
+            }
+            for k in Kernels::available() {
+                let mut got = xs[..n].to_vec();
+                with_kernel!(k, k => k.log_in_place(&mut got));
+                assert_eq!(bits(&got), bits(&want), "{k}: n {n}");
             }
         }
     }

@@ -47,6 +47,12 @@ impl Kernel for Scalar {
             *o = crate::mlx::exp(x - shift);
         }
     }
+
+    fn log_in_place(self, xs: &mut [f32]) {
+        for x in xs {
+            *x = crate::mlx::log(*x);
+        }
+    }
 }
 
 impl PanelKernel for Scalar {

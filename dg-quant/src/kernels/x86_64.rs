@@ -125,6 +125,13 @@ impl Kernel for Avx2Fma {
             *o = crate::mlx::exp(x - shift);
         }
     }
+
+    fn log_in_place(self, xs: &mut [f32]) {
+        let n = xs.len() / 8 * 8;
+        // SAFETY: AVX2/FMA present (`self`); the body reads and writes xs[..n].
+        unsafe { log_avx2(xs.as_mut_ptr(), n) };
+        Scalar.log_in_place(&mut xs[n..]);
+    }
 }
 
 register_tile!(
@@ -256,5 +263,77 @@ unsafe fn exp_shifted_avx2(xs: *const f32, shift: f32, out: *mut f32, n: usize) 
         r = _mm256_blendv_ps(r, zero, _mm256_cmp_ps::<_CMP_LT_OQ>(x_init, lo_limit));
         // SAFETY: as the load.
         unsafe { _mm256_storeu_ps(out.add(i), r) };
+    }
+}
+
+/// `xs[i] = mlx::log(xs[i])`, eight at a time, the scalar `mlx::log` step for step: the
+/// subinterval and exponent in the integer lanes, the table gathered, the polynomial in
+/// double with the same fused multiply-adds. Lanes outside the positive normal floats take
+/// the scalar function.
+///
+/// # Safety
+/// AVX2/FMA available; `xs` valid for reads and writes of `n` (a multiple of 8) elements.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn log_avx2(xs: *mut f32, n: usize) {
+    let table = crate::mlx::LOGF_TABLE.as_ptr() as *const f64;
+    let [a0, a1, a2] = crate::mlx::LOGF_POLY.map(|v| _mm256_set1_pd(v));
+    let ln2 = _mm256_set1_pd(crate::mlx::LOGF_LN2);
+    let minus_one = _mm256_set1_pd(-1.0);
+    for i in (0..n).step_by(8) {
+        // SAFETY: i + 8 <= n, inside the buffer (caller's contract).
+        let v = unsafe { _mm256_loadu_ps(xs.add(i)) };
+        let ix = _mm256_castps_si256(v);
+        // Below the smallest normal or above the largest finite (negatives are below too).
+        let special = _mm256_or_si256(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), ix),
+            _mm256_cmpgt_epi32(ix, _mm256_set1_epi32(0x7F7F_FFFF)),
+        );
+        let tmp = _mm256_sub_epi32(ix, _mm256_set1_epi32(0x3F33_0000));
+        // Index of (1/c, ln c) in the table read as f64 pairs.
+        let slot = _mm256_slli_epi32::<1>(_mm256_and_si256(
+            _mm256_srli_epi32::<19>(tmp),
+            _mm256_set1_epi32(15),
+        ));
+        let k = _mm256_srai_epi32::<23>(tmp);
+        let iz = _mm256_sub_epi32(
+            ix,
+            _mm256_and_si256(tmp, _mm256_set1_epi32(0xFF80_0000u32 as i32)),
+        );
+        let half = |lo: bool| {
+            let pick = |v: __m256i| match lo {
+                true => _mm256_castsi256_si128(v),
+                false => _mm256_extracti128_si256::<1>(v),
+            };
+            let z = _mm256_cvtps_pd(_mm_castsi128_ps(pick(iz)));
+            let slot = pick(slot);
+            // SAFETY: slot < 32 (even, from 4 bits), so both gathers stay in the table.
+            let (invc, logc) = unsafe {
+                (
+                    _mm256_i32gather_pd::<8>(table, slot),
+                    _mm256_i32gather_pd::<8>(table.add(1), slot),
+                )
+            };
+            let r = _mm256_fmadd_pd(z, invc, minus_one);
+            let y0 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(pick(k)), ln2, logc);
+            let r2 = _mm256_mul_pd(r, r);
+            let y = _mm256_fmadd_pd(a1, r, a2);
+            let y = _mm256_fmadd_pd(r2, a0, y);
+            _mm256_cvtpd_ps(_mm256_fmadd_pd(r2, y, _mm256_add_pd(r, y0)))
+        };
+        let out = _mm256_set_m128(half(false), half(true));
+        // SAFETY: as the load.
+        unsafe { _mm256_storeu_ps(xs.add(i), out) };
+        let special = _mm256_movemask_ps(_mm256_castsi256_ps(special));
+        if special != 0 {
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: `lanes` holds 8 floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+            for (j, x) in lanes.iter().enumerate() {
+                if special & (1 << j) != 0 {
+                    // SAFETY: i + j < n.
+                    unsafe { *xs.add(i + j) = crate::mlx::log(*x) };
+                }
+            }
+        }
     }
 }

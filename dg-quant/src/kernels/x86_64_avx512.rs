@@ -107,6 +107,10 @@ impl Kernel for Avx512 {
         self.avx2.exp_shifted(&xs[n..], shift, &mut out[n..])
     }
 
+    fn log_in_place(self, xs: &mut [f32]) {
+        self.avx2.log_in_place(xs)
+    }
+
     /// 6-row x 32-column register tiles (`row_tiles`); AVX2's where the width is not a
     /// multiple of 32.
     fn tiles(self, lhs: View<'_>, rhs: View<'_>, mut out: ViewMut<'_>, load: bool) {
