@@ -185,9 +185,10 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
         let ((), s) = time(|| Ok(model.logits_into(&hidden, canvas_len, &mut logits)?))?;
         head = head.min(s);
         // The confidence sampler's step before its softmax (`BlockState::step`), `probs` its
-        // scratch as in the engine.
+        // scratch as in the engine. Temperature 1 divides without changing the logits, so the
+        // rows below see the same probabilities as without this one.
         let (tokens, s) = time(|| {
-            sampler::apply_temperature(&mut logits, 0.8);
+            sampler::apply_temperature(&mut logits, 1.0);
             let argmax = sampler::argmax_canvas(&logits, vocab)?;
             let drawn = sampler::sample_canvas_with(&logits, vocab, 1.0, &mut rng, &mut probs)?;
             let confidence = sampler::token_probability(&logits, vocab, &drawn)?;
