@@ -3,7 +3,8 @@
 //! [`Rng`] owns what MLX keeps in a hidden per-thread global (`mx.random.state`): one key. Each
 //! call that draws from the global key first advances it exactly as MLX's `KeySequence::next`
 //! does, so the same seed and the same sequence of calls give the same numbers as the
-//! reference. The engine creates one `Rng` per request and draws on one thread, in order.
+//! reference. The engine creates one `Rng` per request and draws from it in order (one large
+//! draw may run on several threads: each word depends only on its index).
 //!
 //! How MLX computes each piece (`mlx/random.cpp`, `python/src/random.cpp`,
 //! `mlx/backend/cpu/threefry.cpp`, `RandomBits::eval_cpu` in `mlx/backend/cpu/primitives.cpp`),
@@ -127,24 +128,31 @@ fn update_with_bits<T: Send>(key: Key, values: &mut [T], f: impl Fn(&[u32], &mut
             &mut first[half..],
         );
     }
-    first[..half]
-        .par_chunks_mut(BITS_CHUNK)
-        .zip(second.par_chunks_mut(BITS_CHUNK))
-        .enumerate()
-        .for_each(|(c, (a, b))| {
-            let (mut wa, mut wb) = ([0u32; BITS_CHUNK], [0u32; BITS_CHUNK]);
-            let lanes = wa.chunks_exact_mut(LANES).zip(wb.chunks_exact_mut(LANES));
-            for (l, (wa, wb)) in lanes.take(a.len().div_ceil(LANES)).enumerate() {
-                let i = c * BITS_CHUNK + l * LANES;
-                let first = std::array::from_fn(|j| (i + j) as u32);
-                let second = std::array::from_fn(|j| (half + odd + i + j) as u32);
-                let (x0, x1) = threefry2x32_lanes(key, first, second);
-                wa.copy_from_slice(&x0);
-                wb.copy_from_slice(&x1);
-            }
-            f(&wa[..a.len()], a);
-            f(&wb[..b.len()], b);
-        });
+    let run = |(c, (a, b)): (usize, (&mut [T], &mut [T]))| {
+        let (mut wa, mut wb) = ([0u32; BITS_CHUNK], [0u32; BITS_CHUNK]);
+        let lanes = wa.chunks_exact_mut(LANES).zip(wb.chunks_exact_mut(LANES));
+        for (l, (wa, wb)) in lanes.take(a.len().div_ceil(LANES)).enumerate() {
+            let i = c * BITS_CHUNK + l * LANES;
+            let first = std::array::from_fn(|j| (i + j) as u32);
+            let second = std::array::from_fn(|j| (half + odd + i + j) as u32);
+            let (x0, x1) = threefry2x32_lanes(key, first, second);
+            wa.copy_from_slice(&x0);
+            wb.copy_from_slice(&x1);
+        }
+        f(&wa[..a.len()], a);
+        f(&wb[..b.len()], b);
+    };
+    let (first, second) = (&mut first[..half], second);
+    if half <= BITS_CHUNK {
+        // One run: on this thread (small draws such as key splits never wake a pool).
+        run((0, (first, second)));
+    } else {
+        first
+            .par_chunks_mut(BITS_CHUNK)
+            .zip(second.par_chunks_mut(BITS_CHUNK))
+            .enumerate()
+            .for_each(run);
+    }
 }
 
 /// `mx.random.split(key, num)`: `num` sub-keys, the rows of `bits((num, 2), key)`.
