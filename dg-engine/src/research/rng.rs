@@ -55,19 +55,7 @@ pub fn key(seed: u64) -> Key {
 
 /// The threefry2x32 hash with 20 rounds (`mlx/backend/cpu/threefry.cpp`).
 pub fn threefry2x32(key: Key, count: [u32; 2]) -> [u32; 2] {
-    const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
-    let ks = [key[0], key[1], key[0] ^ key[1] ^ 0x1BD1_1BDA];
-    let mut x0 = count[0].wrapping_add(ks[0]);
-    let mut x1 = count[1].wrapping_add(ks[1]);
-    for i in 0..5 {
-        for &r in &ROTATIONS[i % 2] {
-            x0 = x0.wrapping_add(x1);
-            x1 = x1.rotate_left(r);
-            x1 ^= x0;
-        }
-        x0 = x0.wrapping_add(ks[(i + 1) % 3]);
-        x1 = x1.wrapping_add(ks[(i + 2) % 3]).wrapping_add(i as u32 + 1);
-    }
+    let ([x0], [x1]) = threefry2x32_lanes(key, [count[0]], [count[1]]);
     [x0, x1]
 }
 
@@ -77,29 +65,29 @@ pub fn fill_bits(key: Key, out: &mut [u32]) {
     update_with_bits(key, out, |words, o| o.copy_from_slice(words));
 }
 
-/// Counter pairs hashed together by [`threefry2x32_lanes`].
+/// Counter pairs hashed together in [`update_with_bits`].
 const LANES: usize = 8;
 
-/// [`threefry2x32`] of `LANES` counter pairs, `(first words, second words)`: the same steps
-/// on arrays, which the compiler keeps in vector registers.
+/// [`threefry2x32`] of `L` counter pairs, `(first words, second words)`: arrays of lanes,
+/// which the compiler keeps in vector registers.
 #[inline]
-fn threefry2x32_lanes(
+fn threefry2x32_lanes<const L: usize>(
     key: Key,
-    c0: [u32; LANES],
-    c1: [u32; LANES],
-) -> ([u32; LANES], [u32; LANES]) {
+    c0: [u32; L],
+    c1: [u32; L],
+) -> ([u32; L], [u32; L]) {
     const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
     let ks = [key[0], key[1], key[0] ^ key[1] ^ 0x1BD1_1BDA];
     let mut x0 = c0.map(|c| c.wrapping_add(ks[0]));
     let mut x1 = c1.map(|c| c.wrapping_add(ks[1]));
     for i in 0..5 {
         for &r in &ROTATIONS[i % 2] {
-            for l in 0..LANES {
+            for l in 0..L {
                 x0[l] = x0[l].wrapping_add(x1[l]);
                 x1[l] = x1[l].rotate_left(r) ^ x0[l];
             }
         }
-        for l in 0..LANES {
+        for l in 0..L {
             x0[l] = x0[l].wrapping_add(ks[(i + 1) % 3]);
             x1[l] = x1[l]
                 .wrapping_add(ks[(i + 2) % 3])
@@ -135,7 +123,7 @@ fn update_with_bits<T: Send>(key: Key, values: &mut [T], f: impl Fn(&[u32], &mut
             let i = c * BITS_CHUNK + l * LANES;
             let first = std::array::from_fn(|j| (i + j) as u32);
             let second = std::array::from_fn(|j| (half + odd + i + j) as u32);
-            let (x0, x1) = threefry2x32_lanes(key, first, second);
+            let (x0, x1) = threefry2x32_lanes::<LANES>(key, first, second);
             wa.copy_from_slice(&x0);
             wb.copy_from_slice(&x1);
         }
@@ -522,7 +510,7 @@ mod tests {
             std::array::from_fn(|j| j as u32 * 977),
             std::array::from_fn(|j| !(j as u32)),
         );
-        let (x0, x1) = threefry2x32_lanes([3, 0xDEAD_BEEF], c0, c1);
+        let (x0, x1) = threefry2x32_lanes::<LANES>([3, 0xDEAD_BEEF], c0, c1);
         for l in 0..LANES {
             assert_eq!(
                 [x0[l], x1[l]],
