@@ -150,6 +150,10 @@ fn many_rows() {
     let x_down = random_x(&mut rng, pairs.len() * 704);
     let mut out_gate = vec![0.0f32; pairs.len() * 1408];
     let mut out_down = vec![0.0f32; pairs.len() * 2816];
+    // One hot expert: 192 of 256 rows go to expert 0, the other 64 to expert 1. Expert 0
+    // holds more than one thread's share on two threads, as 1/8 of the pairs does on sixteen.
+    let hot_pairs: Vec<(usize, usize)> = (0..m).map(|t| (t, usize::from(t % 4 == 3))).collect();
+    let mut out_hot = vec![0.0f32; m * 1408];
     let (eg, ed) = (gate_up.experts(), down.experts());
     // The control (below): operands that stay in L2.
     let control = Weights::random(&mut rng, 1, 1024, 1024, 4);
@@ -241,6 +245,11 @@ fn many_rows() {
         "experts gate_up 4-bit, 256 tok x top-8 of 128".into(),
         (2 * pairs.len() * 1408 * 2816) as u64,
         Box::new(|| dg_quant::gather_matmul_t(&x_gate, m, &eg, &pairs, &mut out_gate).unwrap()),
+    ));
+    cases.push((
+        "experts gate_up 4-bit, hot expert: 192 + 64 rows".into(),
+        (2 * hot_pairs.len() * 1408 * 2816) as u64,
+        Box::new(|| dg_quant::gather_matmul_t(&x_gate, m, &eg, &hot_pairs, &mut out_hot).unwrap()),
     ));
     cases.push((
         "experts down 4-bit".into(),

@@ -1,5 +1,6 @@
 //! `gather_matmul_t`: the MoE product. Pairs are grouped by expert; each expert is one task
-//! that runs the `x @ W^T` plan of the experts' format on its own thread.
+//! that runs the `x @ W^T` plan of the experts' format, whose column panels idle threads may
+//! take over (so an expert chosen by many tokens does not keep the others waiting).
 
 use rayon::prelude::*;
 
@@ -83,8 +84,9 @@ pub(crate) fn gather_matmul_t_on(
                 let r = pairs[p].0;
                 dst.copy_from_slice(&x[r * k..(r + 1) * k]);
             }
-            // One expert is one task: its panels run in turn on this thread.
-            plan.run(xs, m, &w, res, false);
+            // Nested in the experts' tasks: rayon splits the panels only when a thread is
+            // idle, and each panel computes the same bits on any thread.
+            plan.run(xs, m, &w, res, true);
             for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
                 row.copy_from_slice(r);
             }

@@ -21,7 +21,7 @@
 //!   `W` gives enough tasks for a many-core CPU).
 //!
 //! `gather_matmul_t` (`experts.rs`) groups the pairs by expert; each expert is one task running
-//! the `x @ W^T` plan of the experts' format on its thread.
+//! the `x @ W^T` plan of the experts' format, its panels open to idle threads.
 //!
 //! Work is split into fixed panels independent of the thread count, and each output element
 //! is reduced by one task in a fixed order, so results depend neither on the pool size nor on
