@@ -6,7 +6,8 @@
 //!   block, every layer, final norm), the tied head, the confidence sampler's draw, and the self-conditioning signal of the
 //!   next step (softmax rows, soft embeddings with the exact sparse product);
 //! - a whole block of generation (the engine's loop: the parts above plus the sampler), per step;
-//! - prefill of 256 / 1024 / 4096 prompt tokens;
+//! - prefill of 256 / 1024 / 4096 prompt tokens, each followed by decoder passes over its
+//!   cache (a block's first step after a long prompt: attention over every cached key);
 //! - the vision tower (27 layers of the real geometry, random bf16 weights written to a
 //!   temporary folder) and the embedder on one 1920x1080 image at the real budget of 280 soft
 //!   tokens.
@@ -103,9 +104,14 @@ fn attention_macs(t: &TextConfig, lt: LayerType, keys: usize) -> f64 {
     2.0 * t.num_attention_heads as f64 * t.head_dim_of(lt) as f64 * keys as f64
 }
 
-/// FLOPs of a decoder pass over `canvas` rows after `prompt` cached positions.
-fn decoder_flops(t: &TextConfig, canvas: usize, prompt: usize) -> f64 {
-    let sc_block = 3.0 * (t.hidden_size * t.intermediate_size) as f64;
+/// FLOPs of a decoder pass over `canvas` rows after `prompt` cached positions, with or
+/// without the self-conditioning block (skipped on a block's first step).
+fn decoder_flops(t: &TextConfig, canvas: usize, prompt: usize, self_conditioning: bool) -> f64 {
+    let sc_block = if self_conditioning {
+        3.0 * (t.hidden_size * t.intermediate_size) as f64
+    } else {
+        0.0
+    };
     let layers: f64 = t
         .layer_types()
         .into_iter()
@@ -167,9 +173,7 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
     let prompt: Vec<u32> = (0..32u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
     let mut cache = model.new_cache();
     model.encode(&mut cache, &prompt, |_, _| {})?;
-    let canvas: Vec<u32> = (0..canvas_len as u32)
-        .map(|i| (i * 37 + 11) % vocab as u32)
-        .collect();
+    let canvas = canvas_ids(t, canvas_len);
     let first = model.decode(&cache, &canvas, SelfConditioning::None)?;
     let soft = model.soft_embeddings(&softmax_rows(&first, vocab), canvas_len)?;
     let (mut pass, mut head, mut softmax, mut embed) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
@@ -211,7 +215,7 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
         Row {
             part: format!("decoder pass ({} layers)", t.num_hidden_layers),
             seconds: pass,
-            flops: decoder_flops(t, canvas_len, prompt.len()),
+            flops: decoder_flops(t, canvas_len, prompt.len(), true),
         },
         Row {
             part: "head (tied, 4-bit)".into(),
@@ -234,6 +238,13 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
             flops: 2.0 * rows * h * v,
         },
     ])
+}
+
+/// The canvas every decoder pass here runs on.
+fn canvas_ids(t: &TextConfig, canvas_len: usize) -> Vec<u32> {
+    (0..canvas_len as u32)
+        .map(|i| (i * 37 + 11) % t.vocab_size as u32)
+        .collect()
 }
 
 fn softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
@@ -262,7 +273,7 @@ fn block_per_step(engine: &DiffusionGemma) -> Result<Row> {
     Ok(Row {
         part: format!("whole block, per step ({steps} steps)"),
         seconds: (s - prefill) / steps as f64,
-        flops: decoder_flops(t, canvas_len, prompt.len())
+        flops: decoder_flops(t, canvas_len, prompt.len(), true)
             + 4.0 * (canvas_len * t.hidden_size * t.vocab_size) as f64,
     })
 }
@@ -344,16 +355,31 @@ fn main() -> Result<()> {
             let ids: Vec<u32> = (0..len as u32)
                 .map(|i| (i * 7 + 3) % t.vocab_size as u32)
                 .collect();
-            let (_, s) = pool.install(|| {
+            let (cache, s) = pool.install(|| {
                 time(|| {
                     let mut cache = model.new_cache();
-                    Ok(model.encode(&mut cache, &ids, |_, _| {})?)
+                    model.encode(&mut cache, &ids, |_, _| {})?;
+                    Ok(cache)
                 })
             })?;
             rows.push(Row {
                 part: format!("prefill {len} tokens"),
                 seconds: s,
                 flops: prefill_flops(t, len),
+            });
+            let canvas_len = model.config().canvas_length;
+            let canvas = canvas_ids(t, canvas_len);
+            let mut s = f64::MAX;
+            for _ in 0..a.steps.max(1) {
+                let pass = pool.install(|| {
+                    time(|| Ok(model.decode_hidden(&cache, &canvas, SelfConditioning::None)?))
+                })?;
+                s = s.min(pass.1);
+            }
+            rows.push(Row {
+                part: format!("decoder pass after {len} cached (first step: no self-conditioning)"),
+                seconds: s,
+                flops: decoder_flops(t, canvas_len, len, false),
             });
         }
         if a.block {
