@@ -25,7 +25,7 @@ mod x86_64;
 mod x86_64_avx512;
 
 pub use scalar::Scalar;
-pub(crate) use scalar::{dequant_value, group_sums, scale_fields};
+pub(crate) use scalar::{dequant_value, group_sums};
 #[cfg(test)]
 pub(crate) use scalar::{dot_row_mlx, unpack};
 #[cfg(target_arch = "x86_64")]
@@ -176,6 +176,10 @@ pub(crate) trait Kernel: Copy + Send + Sync {
 /// The kernels of the unpacked-panel `x @ W^T` (4- and 8-bit weights): [`Scalar`] (the
 /// reference) and `Avx512` (what runs).
 pub(crate) trait PanelKernel: Copy + Send + Sync {
+    /// `x` in the scale of the fields `unpack_rows_t` reads in place: `out[k] = x[k] *
+    /// 2^-(bits * (k % (32 / bits)))` (`scalar::scale_fields`; `out` as long as `x`).
+    fn scale_fields(self, x: &[f32], bits: u32, out: &mut [f32]);
+
     /// The quantized fields of `rows` packed rows (`bits` 4 or 8, each row's words `stride`
     /// apart in `words`), read in place in their words, as a column-major panel:
     /// `out[k][i] = (q[i][k] << (bits * (k % (32 / bits)))) as f32` for `k < out.rows()`,

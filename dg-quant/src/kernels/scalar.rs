@@ -56,6 +56,10 @@ impl Kernel for Scalar {
 }
 
 impl PanelKernel for Scalar {
+    fn scale_fields(self, x: &[f32], bits: u32, out: &mut [f32]) {
+        scale_fields(x, bits, out)
+    }
+
     fn unpack_rows_t(
         self,
         words: &[u32],

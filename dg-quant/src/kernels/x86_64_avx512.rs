@@ -10,7 +10,7 @@
 //! j-th field of every dword (nibble, or byte at 8 bits) is masked in place (`vpandd`) and
 //! converted as unsigned (`vcvtudq2ps`), which reads `q * 2^(bits * j)` exactly (one op fewer
 //! per field than shifting it down). The activations come scaled by `2^-(bits * j)`
-//! (`scale_fields`), so each FMA of the tiles multiplies exactly `x * q`.
+//! (`PanelKernel::scale_fields`), so each FMA of the tiles multiplies exactly `x * q`.
 
 use std::arch::x86_64::*;
 
@@ -42,6 +42,20 @@ impl Avx512 {
     /// The AVX2 + FMA kernels this CPU also has.
     pub fn avx2(self) -> Avx2Fma {
         self.avx2
+    }
+}
+
+/// `out[i] = x[i] * factors[i % 16]` for `i < n` (`n` a multiple of 16).
+///
+/// # Safety
+/// AVX-512F available; `x` and `out` valid for `n` elements.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_fields_avx512(x: *const f32, factors: &[f32; 16], out: *mut f32, n: usize) {
+    // SAFETY: 16 f32s.
+    let f = unsafe { _mm512_loadu_ps(factors.as_ptr()) };
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n, inside both buffers (caller's contract).
+        unsafe { _mm512_storeu_ps(out.add(i), _mm512_mul_ps(_mm512_loadu_ps(x.add(i)), f)) };
     }
 }
 
@@ -158,6 +172,24 @@ register_tile!(
 );
 
 impl PanelKernel for Avx512 {
+    /// Sixteen lanes a step, the factors repeating every `32 / bits` lanes (4 or 8 bits; other
+    /// widths take the portable loop).
+    fn scale_fields(self, x: &[f32], bits: u32, out: &mut [f32]) {
+        let per_word = 32 / bits as usize;
+        assert_eq!(x.len(), out.len(), "scale_fields: lengths differ");
+        if !16usize.is_multiple_of(per_word) {
+            return super::scalar::scale_fields(x, bits, out);
+        }
+        let factors: [f32; 16] =
+            std::array::from_fn(|j| f32::from_bits((127 - bits * (j % per_word) as u32) << 23));
+        let whole = x.len() / 16 * 16;
+        // SAFETY: AVX-512F present (`self`); both slices hold `whole` elements.
+        unsafe { scale_fields_avx512(x.as_ptr(), &factors, out.as_mut_ptr(), whole) };
+        for (k, (o, v)) in out[whole..].iter_mut().zip(&x[whole..]).enumerate() {
+            *o = v * factors[k];
+        }
+    }
+
     /// Sixteen rows at a time: 64 bytes of each row are transposed in registers (16 x 16
     /// dwords), so each mask + unsigned convert of a word vector (the field read in place, no
     /// shift) yields one `k` of the panel for all sixteen rows (docs/PERFORMANCE.md has the
@@ -867,6 +899,24 @@ mod tests {
                     x.to_bits()
                 );
             }
+        }
+    }
+
+    #[test]
+    fn scaled_fields_match_scalar() {
+        let Some(k) = Avx512::new() else {
+            eprintln!("skipped: no AVX-512F/BW/VL");
+            return;
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        // Whole vectors and a tail; the 2-bit width takes the portable loop.
+        for (bits, len) in [(4u32, 2816usize), (4, 72), (8, 704), (8, 20), (2, 48)] {
+            let x: Vec<f32> = (0..len).map(|_| rng.gen_range(-4.0..4.0)).collect();
+            let (mut got, mut want) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+            k.scale_fields(&x, bits, &mut got);
+            Scalar.scale_fields(&x, bits, &mut want);
+            let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits_of(&got), bits_of(&want), "{bits} bits, {len} values");
         }
     }
 

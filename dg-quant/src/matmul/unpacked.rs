@@ -15,7 +15,7 @@
 use rayon::prelude::*;
 
 use crate::kernels::gemm::{column_panels, ColumnPanel};
-use crate::kernels::{group_sums, scale_fields, GroupParams, Lines, PanelKernel, View, ViewMut};
+use crate::kernels::{group_sums, GroupParams, Lines, PanelKernel, View, ViewMut};
 use crate::scratch::with_buffer;
 use crate::QMatrix;
 
@@ -63,7 +63,7 @@ pub(super) fn matmul_t(
         // Per row: the group sums, and x scaled to the panels' in-place fields.
         let prepare = |((xr, sr), fr): ((&[f32], &mut [f32]), &mut [f32])| {
             group_sums(xr, gs, sr);
-            scale_fields(xr, w.spec.bits, &mut fr[..k]);
+            kern.scale_fields(xr, w.spec.bits, &mut fr[..k]);
         };
         let rows = x.chunks_exact(k).zip(xsum.chunks_exact_mut(groups));
         if parallel && m * k >= PARALLEL_PREPARE_MIN {
