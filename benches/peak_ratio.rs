@@ -176,6 +176,14 @@ fn many_rows() {
     let mut vout_q = vec![0.0f32; vn * vi];
     let mut vs_out = vec![0.0f32; vn * vn];
     let mut vc_out = vec![0.0f32; vn * vd];
+    // Attention's values product on a global layer after a 4096-token prompt: 256 canvas rows
+    // over 4352 keys, a head of 512 (16 query heads), through the `gemm` crate and through the
+    // register tiles as one fma chain per element (`dg_quant::attention_values`).
+    let (tq, tk, td) = (256usize, 4352usize, 512usize);
+    let t_p = random_x(&mut rng, tq * tk);
+    let t_v = random_x(&mut rng, tk * td);
+    let mut t_out = vec![0.0f32; 16 * tq * td];
+    let mut t_out2 = vec![0.0f32; 16 * tq * td];
     let mut cases: Vec<Case<'_>> = Vec::new();
     for (((name, rows, cols, _), w), (x, out)) in linears
         .iter()
@@ -239,6 +247,24 @@ fn many_rows() {
             let shape = (vheads, vheads, vd);
             let (q, out) = (&vq_heads, &mut vattn);
             dg_quant::attention_bidirectional(q, q, q, shape, vn, vn, out).unwrap()
+        }),
+    ));
+    cases.push((
+        format!("attention values {tq}x{tk} @ {tk}x{td}, 16 heads, gemm"),
+        (2 * 16 * tq * tk * td) as u64,
+        Box::new(|| {
+            t_out
+                .par_chunks_mut(tq * td)
+                .for_each(|o| dg_quant::matmul_f32(&t_p, &t_v, tq, tk, td, false, o).unwrap())
+        }),
+    ));
+    cases.push((
+        format!("attention values {tq}x{tk} @ {tk}x{td}, 16 heads, fma chains"),
+        (2 * 16 * tq * tk * td) as u64,
+        Box::new(|| {
+            t_out2
+                .par_chunks_mut(tq * td)
+                .for_each(|o| dg_quant::attention_values(&t_p, &t_v, (tq, tk, td), o).unwrap())
         }),
     ));
     cases.push((

@@ -7,7 +7,8 @@
 //!   (`matmul/`), parallel on the current rayon pool ([`pool::build`]), with results that
 //!   do not depend on the thread count. Each quantized product runs one [`Plan`], chosen from
 //!   the weights' format and the kernels only ([`QMatrix::plan`] says which).
-//! - [`attention_bidirectional`]: softmax attention over every key, in blocks of queries.
+//! - [`attention_bidirectional`]: softmax attention over every key, in blocks of queries;
+//!   [`attention_values`]: attention's `probs @ values`, one fma chain per element.
 //! - [`ops`]: small f32 operations shared by the models; [`mlx`]: MLX's CPU `exp` and softmax,
 //!   bit for bit (the sampler's and the self-conditioning's one softmax).
 //!
@@ -41,5 +42,5 @@ pub use format::{QExperts, QMatrix, QuantSpec};
 #[cfg(target_arch = "x86_64")]
 pub use kernels::{Avx2Fma, Avx512};
 pub use kernels::{Kernels, Level, Scalar};
-pub use matmul::{gather_matmul_t, matmul, matmul_f32, matmul_t, Plan, Product};
+pub use matmul::{attention_values, gather_matmul_t, matmul, matmul_f32, matmul_t, Plan, Product};
 pub use sparse::{matmul_sparse, SparseStats};

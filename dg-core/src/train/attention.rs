@@ -5,7 +5,7 @@
 use super::grad::{matmul, matmul_tn};
 use super::shape_err;
 use crate::error::CoreError;
-use crate::model::attention::{block_probs, visible_keys, KeyView, QUERY_BLOCK};
+use crate::model::attention::{block_probs, query_block, visible_keys, KeyView};
 
 /// Gradients of one query head's attention.
 pub(crate) struct HeadGrads {
@@ -32,8 +32,9 @@ pub(crate) fn attend_head_backward(
     let mut dq = vec![0.0f32; len * hd];
     let mut dk = vec![0.0f32; n_keys * hd];
     let mut dv = vec![0.0f32; n_keys * hd];
-    for i0 in (0..len).step_by(QUERY_BLOCK) {
-        let rows = QUERY_BLOCK.min(len - i0);
+    let block = query_block(&view.mask);
+    for i0 in (0..len).step_by(block) {
+        let rows = block.min(len - i0);
         let (k0, k1) = visible_keys(view, i0, rows, n_keys);
         let width = k1 - k0;
         let q_rows = &q[i0 * hd..(i0 + rows) * hd];

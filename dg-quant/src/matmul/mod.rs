@@ -20,6 +20,9 @@
 //!   chunks of 32768 weight rows whose partial sums are added in chunk order (a vocab-sized
 //!   `W` gives enough tasks for a many-core CPU).
 //!
+//! [`attention_values`] (`values.rs`), attention's `probs @ values` in f32, runs the register
+//! tiles of `x @ W` over strips of the values, one fma chain per element in key order.
+//!
 //! `gather_matmul_t` (`experts.rs`) groups the pairs by expert; each expert is one task running
 //! the `x @ W^T` plan of the experts' format, its panels open to idle threads.
 //!
@@ -41,11 +44,13 @@ mod tiled;
 // The plan runs it on AVX-512 only; the tests also on the scalar twins.
 #[cfg(any(target_arch = "x86_64", test))]
 mod unpacked;
+mod values;
 mod xw;
 
 pub use experts::gather_matmul_t;
 #[cfg(test)]
 use experts::gather_matmul_t_on;
+pub use values::attention_values;
 
 /// Which product of activations `x` and quantized weights `W`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
