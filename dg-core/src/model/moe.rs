@@ -98,7 +98,8 @@ impl Experts {
         rows: usize,
         routing: &[Routing],
     ) -> Result<Vec<f32>, CoreError> {
-        Ok(self.forward_keeping(x, rows, routing)?.0)
+        let pairs = PairsByExpert::new(routing);
+        Ok(self.forward_by_expert(x, rows, routing, &pairs)?.0)
     }
 
     /// [`Experts::forward`], also returning the per-pair activations the training backward
@@ -109,14 +110,37 @@ impl Experts {
         rows: usize,
         routing: &[Routing],
     ) -> Result<(Vec<f32>, ExpertActivations), CoreError> {
-        let pairs: Vec<(usize, usize)> = routing
-            .iter()
-            .enumerate()
-            .flat_map(|(t, r)| r.experts.iter().map(move |&e| (t, e)))
-            .collect();
-        let gate_up = self.gate_up_proj.forward_pairs(x, rows, &pairs)?;
+        let pairs = PairsByExpert::new(routing);
+        let (out, by_expert) = self.forward_by_expert(x, rows, routing, &pairs)?;
+        let in_routing_order = |sorted: &[f32], width: usize| -> Result<Vec<f32>, CoreError> {
+            let mut v = alloc::zeroed(sorted.len(), "expert activations in routing order")?;
+            v.par_chunks_exact_mut(width)
+                .zip(&pairs.place)
+                .for_each(|(row, &i)| row.copy_from_slice(&sorted[i * width..(i + 1) * width]));
+            Ok(v)
+        };
+        let acts = ExpertActivations {
+            gate_up: in_routing_order(&by_expert.gate_up, 2 * self.moe_dim)?,
+            y: in_routing_order(&by_expert.y, self.down_proj.out_dim)?,
+        };
+        Ok((out, acts))
+    }
+
+    /// The experts' output, and the activations with the pairs in expert order
+    /// (`pairs.sorted`). In that order each expert's rows are one block from the
+    /// gate/up product to the down product, so neither copies a row; each row is computed as
+    /// it would be alone, so the order changes no result.
+    fn forward_by_expert(
+        &self,
+        x: &[f32],
+        rows: usize,
+        routing: &[Routing],
+        pairs: &PairsByExpert,
+    ) -> Result<(Vec<f32>, ExpertActivations), CoreError> {
+        let n = pairs.sorted.len();
+        let gate_up = self.gate_up_proj.forward_pairs(x, rows, &pairs.sorted)?;
         let m = self.moe_dim;
-        let mut act = alloc::zeroed(pairs.len() * m, "expert activations [rows x top_k, moe]")?;
+        let mut act = alloc::zeroed(n * m, "expert activations [rows x top_k, moe]")?;
         act.par_chunks_exact_mut(m)
             .zip(gate_up.par_chunks_exact(2 * m))
             .for_each(|(a, gu)| {
@@ -124,16 +148,15 @@ impl Experts {
                 ops::geglu_inplace(a, &gu[m..]);
             });
         let down_pairs: Vec<(usize, usize)> = pairs
+            .sorted
             .iter()
             .enumerate()
-            .map(|(p, &(_, e))| (p, e))
+            .map(|(i, &(_, e))| (i, e))
             .collect();
-        let y = self
-            .down_proj
-            .forward_pairs(&act, pairs.len(), &down_pairs)?;
+        let y = self.down_proj.forward_pairs(&act, n, &down_pairs)?;
         let hidden = self.down_proj.out_dim;
         let mut out = alloc::zeroed(rows * hidden, "expert output [rows, hidden]")?;
-        // Each token's first pair (pairs are in routing order).
+        // Each token's first pair in routing order.
         let first_pair: Vec<usize> = routing
             .iter()
             .scan(0, |p, r| {
@@ -146,7 +169,8 @@ impl Experts {
             .zip(routing.par_iter().zip(first_pair))
             .for_each(|(o, (r, p))| {
                 for (j, &w) in r.weights.iter().enumerate() {
-                    let y = &y[(p + j) * hidden..(p + j + 1) * hidden];
+                    let i = pairs.place[p + j];
+                    let y = &y[i * hidden..(i + 1) * hidden];
                     for (o, v) in o.iter_mut().zip(y) {
                         *o += v * w;
                     }
@@ -156,8 +180,38 @@ impl Experts {
     }
 }
 
-/// The per-pair activations of [`Experts::forward`], pairs in routing order (token, then
-/// its experts highest score first).
+/// The routing's (token, expert) pairs sorted by expert, stably (within an expert by token,
+/// as `gather_matmul_t` groups them), and where each pair of routing order went.
+struct PairsByExpert {
+    /// `(token, expert)`, sorted by expert.
+    sorted: Vec<(usize, usize)>,
+    /// For the routing-order pair `p` (token, then its experts highest score first), its
+    /// index in `sorted`.
+    place: Vec<usize>,
+}
+
+impl PairsByExpert {
+    fn new(routing: &[Routing]) -> Self {
+        let pairs: Vec<(usize, usize)> = routing
+            .iter()
+            .enumerate()
+            .flat_map(|(t, r)| r.experts.iter().map(move |&e| (t, e)))
+            .collect();
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by_key(|&p| pairs[p].1);
+        let mut place = vec![0; pairs.len()];
+        for (i, &p) in order.iter().enumerate() {
+            place[p] = i;
+        }
+        PairsByExpert {
+            sorted: order.iter().map(|&p| pairs[p]).collect(),
+            place,
+        }
+    }
+}
+
+/// The per-pair activations of [`Experts::forward`]: pairs in routing order (token, then its
+/// experts highest score first) where the training backward reads them.
 pub(crate) struct ExpertActivations {
     /// Fused gate and up projections `[pairs, 2 * moe_dim]`, gate first.
     pub(crate) gate_up: Vec<f32>,

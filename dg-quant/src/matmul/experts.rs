@@ -13,7 +13,9 @@ use crate::{QExperts, QuantError};
 /// MoE gathered product (`mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose=True)`):
 /// for each pair `p = (x_row, expert)`, `out[p, :] = x[x_row, :] @ W_expert^T`
 /// (`out [pairs.len(), rows]`). Pairs are grouped by expert (stably, as MLX's sorted path does)
-/// so each expert's weights are read once per call; experts run in parallel.
+/// so each expert's weights are read once per call; experts run in parallel. Pairs that come
+/// sorted by expert have each expert's outputs written as one block, and an expert's x rows
+/// that are consecutive are read in place: nothing is copied.
 pub fn gather_matmul_t(
     x: &[f32],
     x_rows: usize,
@@ -60,37 +62,81 @@ pub(crate) fn gather_matmul_t_on(
     for (p, &(_, e)) in pairs.iter().enumerate() {
         by_expert[e].push(p);
     }
-    // Each expert's task owns its pairs' output rows (disjoint: a pair has one expert).
-    let mut out_rows: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(n).map(Some).collect();
-    let slots: Vec<_> = by_expert
+    // Each expert's task owns its pairs' output rows (disjoint: a pair has one expert): one
+    // block when the pairs come sorted by expert, else row by row.
+    let sorted = pairs.windows(2).all(|w| w[0].1 <= w[1].1);
+    let groups = by_expert
         .iter()
         .enumerate()
-        .filter(|(_, ps)| !ps.is_empty())
-        .map(|(e, ps)| {
-            let rows: Vec<&mut [f32]> = ps.iter().filter_map(|&p| out_rows[p].take()).collect();
-            (e, ps.as_slice(), rows)
-        })
-        .collect();
-    slots.into_par_iter().try_for_each(|(e, ps, mut rows)| {
+        .filter(|(_, ps)| !ps.is_empty());
+    let slots: Vec<(usize, &[usize], Dest<'_>)> = if sorted {
+        let mut rest = out;
+        groups
+            .map(|(e, ps)| {
+                let (block, tail) = std::mem::take(&mut rest).split_at_mut(ps.len() * n);
+                rest = tail;
+                (e, ps.as_slice(), Dest::Block(block))
+            })
+            .collect()
+    } else {
+        let mut out_rows: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(n).map(Some).collect();
+        groups
+            .map(|(e, ps)| {
+                let rows = ps.iter().filter_map(|&p| out_rows[p].take()).collect();
+                (e, ps.as_slice(), Dest::Rows(rows))
+            })
+            .collect()
+    };
+    slots.into_par_iter().try_for_each(|(e, ps, dest)| {
         let w = experts.expert(e)?;
         let m = ps.len();
         if k == 0 {
-            rows.iter_mut().for_each(|r| r.fill(0.0));
+            match dest {
+                Dest::Block(block) => block.fill(0.0),
+                Dest::Rows(mut rows) => rows.iter_mut().for_each(|r| r.fill(0.0)),
+            }
             return Ok(());
         }
-        with_buffer(m * k + m * n, |buf| {
-            let (xs, res) = buf.split_at_mut(m * k);
-            for (dst, &p) in xs.chunks_exact_mut(k).zip(ps) {
-                let r = pairs[p].0;
-                dst.copy_from_slice(&x[r * k..(r + 1) * k]);
-            }
+        // The expert's rows of x are read in place when consecutive (the down projection of
+        // pairs sorted by expert), else gathered.
+        let first = pairs[ps[0]].0;
+        let in_place = ps.iter().enumerate().all(|(i, &p)| pairs[p].0 == first + i);
+        let gathered = if in_place { 0 } else { m * k };
+        let staged = match dest {
+            Dest::Block(_) => 0,
+            Dest::Rows(_) => m * n,
+        };
+        with_buffer(gathered + staged, |buf| {
+            let (xbuf, res) = buf.split_at_mut(gathered);
+            let xs: &[f32] = if in_place {
+                &x[first * k..(first + m) * k]
+            } else {
+                for (dst, &p) in xbuf.chunks_exact_mut(k).zip(ps) {
+                    let r = pairs[p].0;
+                    dst.copy_from_slice(&x[r * k..(r + 1) * k]);
+                }
+                xbuf
+            };
             // Nested in the experts' tasks: rayon splits the panels only when a thread is
             // idle, and each panel computes the same bits on any thread.
-            plan.run(xs, m, &w, res, true);
-            for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
-                row.copy_from_slice(r);
+            match dest {
+                Dest::Block(block) => plan.run(xs, m, &w, block, true),
+                Dest::Rows(mut rows) => {
+                    plan.run(xs, m, &w, res, true);
+                    for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
+                        row.copy_from_slice(r);
+                    }
+                }
             }
         });
         Ok::<(), QuantError>(())
     })
+}
+
+/// Where an expert's task writes its pairs' outputs.
+enum Dest<'a> {
+    /// Consecutive output rows, one block.
+    Block(&'a mut [f32]),
+    /// Scattered output rows, in the expert's pair order.
+    Rows(Vec<&'a mut [f32]>),
 }

@@ -406,6 +406,43 @@ fn results_do_not_depend_on_the_thread_count() {
     }
 }
 
+/// Pairs sorted by expert (as the MoE layer passes them) have each expert's outputs written
+/// as one block, its x rows read in place where consecutive: each pair still gets the bits it
+/// gets alone.
+#[test]
+fn pairs_sorted_by_expert_get_each_pairs_bits() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let spec = QuantSpec::new(4, 64).unwrap();
+    let (rows, cols, experts, m) = (96, 640, 4, 13);
+    let n = rows / experts;
+    let q = random_q(&mut rng, rows, cols, spec);
+    let e = QExperts::new(&q.packed, &q.scales, &q.biases, experts, n, cols, spec).unwrap();
+    let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    // Expert 1 gets no pair.
+    let expert = |i: usize| match i {
+        0..5 => 0,
+        5..9 => 2,
+        _ => 3,
+    };
+    let scattered: Vec<(usize, usize)> = (0..m).map(|i| ((i * 5) % m, expert(i))).collect();
+    let consecutive: Vec<(usize, usize)> = (0..m).map(|i| (i, expert(i))).collect();
+    for kern in Kernels::available() {
+        for pairs in [&scattered, &consecutive] {
+            let mut got = vec![f32::NAN; m * n];
+            gather_matmul_t_on(kern, &x, m, &e, pairs, &mut got).unwrap();
+            for (p, &(r, ex)) in pairs.iter().enumerate() {
+                let mut one = vec![0.0f32; n];
+                let xr = &x[r * cols..(r + 1) * cols];
+                gather_matmul_t_on(kern, xr, 1, &e, &[(0, ex)], &mut one).unwrap();
+                assert!(
+                    one == got[p * n..(p + 1) * n],
+                    "{kern}: pair {p} of {pairs:?}"
+                );
+            }
+        }
+    }
+}
+
 /// A row's result must not depend on the rows computed with it: batched sequences get
 /// the bits they get alone (and so the tokens).
 #[test]
