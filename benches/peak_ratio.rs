@@ -161,8 +161,8 @@ fn many_rows() {
     let cx = random_x(&mut rng, 48 * 1024);
     let mut cout = vec![0.0f32; 48 * 1024];
     // The vision tower's products on one 1920x1080 image (2376 patches): its bf16 linears
-    // (widened to f32) and its attention, all through the `gemm` crate; and the
-    // 8-bit panel kernel on the MLP's shape, for comparison.
+    // (widened to f32) through the `gemm` crate, the 8-bit panel kernel on the MLP's shape for
+    // comparison, and its attention (whole heads through `gemm`; query blocks on the tiles).
     let vn = 2376usize;
     let (vh, vi, vd) = (1152usize, 4304usize, 72usize);
     let vx = random_x(&mut rng, vn * vh);

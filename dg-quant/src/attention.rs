@@ -4,11 +4,17 @@
 //! Computed head by head as `softmax(q k^T) v`, a head's `[n, n]` scores of a large image
 //! (2376 patches: 22 MB) would leave the caches between the three passes over them (scores,
 //! softmax, values). Each task here takes one head's block of `QUERY_ROWS` queries, whose
-//! scores stay in this thread's cache from their product to the values product.
+//! scores stay in this thread's cache from their product to the values product. Both
+//! products run on the register tiles of `x @ W` (`Kernel::tiles`), each element one fma
+//! chain in order: the scores over the head's dimensions against keys transposed once per
+//! head, the values over the keys ([`crate::attention_values`]). The `gemm` crate packed a
+//! head's keys again for every block of queries and split the values' long sum into chunks.
 
 use rayon::prelude::*;
 
 use crate::format::{check_len, mul};
+use crate::kernels::{tiles_any_width, with_kernel, Kernels, View, ViewMut};
+use crate::matmul::attention_values_on;
 use crate::scratch::with_buffer;
 use crate::QuantError;
 
@@ -65,7 +71,47 @@ pub fn attention_bidirectional(
     if n_q == 0 || hd == 0 {
         return Ok(());
     }
+    attention_bidirectional_on(
+        Kernels::best(),
+        q,
+        k,
+        v,
+        (heads, kv_heads, hd),
+        n_q,
+        n_k,
+        out,
+    );
+    Ok(())
+}
+
+/// [`attention_bidirectional`] on the given kernels, on checked lengths.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_bidirectional_on(
+    kernels: Kernels,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (heads, kv_heads, hd): (usize, usize, usize),
+    n_q: usize,
+    n_k: usize,
+    out: &mut [f32],
+) {
     let group = heads / kv_heads;
+    let head_len = n_k * hd;
+    // Each key head transposed, `[hd, n_k]`: the scores are then `q @ k^T` on the register
+    // tiles of `x @ W`, one fma chain over the head's dimensions per score, reading the keys
+    // as rows (shared by every block of queries of the head's group).
+    let mut keys_t = vec![0.0f32; k.len()];
+    keys_t
+        .par_chunks_mut(head_len.max(1))
+        .zip(k.par_chunks(head_len.max(1)))
+        .for_each(|(t, k)| {
+            for (j, key) in k.chunks_exact(hd).enumerate() {
+                for (d, &x) in key.iter().enumerate() {
+                    t[d * n_k + j] = x;
+                }
+            }
+        });
     let blocks = n_q.div_ceil(QUERY_ROWS);
     let per_task: Vec<Vec<f32>> = (0..heads * blocks)
         .into_par_iter()
@@ -73,18 +119,24 @@ pub fn attention_bidirectional(
             let (h, b) = (t / blocks, t % blocks);
             let (i0, rows) = (b * QUERY_ROWS, QUERY_ROWS.min(n_q - b * QUERY_ROWS));
             let kv = h / group;
-            let qs = &q[(h * n_q + i0) * hd..(h * n_q + i0 + rows) * hd];
-            let ks = &k[kv * n_k * hd..(kv + 1) * n_k * hd];
-            let vs = &v[kv * n_k * hd..(kv + 1) * n_k * hd];
+            let qs = View::new(
+                &q[(h * n_q + i0) * hd..(h * n_q + i0 + rows) * hd],
+                rows,
+                hd,
+                hd,
+            );
+            let kt = View::new(&keys_t[kv * head_len..(kv + 1) * head_len], hd, n_k, n_k);
+            let vs = &v[kv * head_len..(kv + 1) * head_len];
             let mut ctx = vec![0.0f32; rows * hd];
             with_buffer(rows * n_k, |scores| {
-                crate::matmul_f32(qs, ks, rows, hd, n_k, true, scores)?;
+                let s = ViewMut::new(scores, rows, n_k, n_k);
+                with_kernel!(kernels, kern => tiles_any_width(kern, qs, kt, s, false));
                 crate::mlx::softmax_rows_inplace(scores, n_k);
-                crate::matmul_f32(scores, vs, rows, n_k, hd, false, &mut ctx)
-            })?;
-            Ok(ctx)
+                attention_values_on(kernels, scores, vs, (rows, n_k, hd), &mut ctx, false);
+            });
+            ctx
         })
-        .collect::<Result<_, QuantError>>()?;
+        .collect();
     for (t, ctx) in per_task.iter().enumerate() {
         let (h, i0) = (t / blocks, (t % blocks) * QUERY_ROWS);
         for (i, row) in ctx.chunks_exact(hd).enumerate() {
@@ -92,7 +144,6 @@ pub fn attention_bidirectional(
             out[at..at + hd].copy_from_slice(row);
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -145,6 +196,30 @@ mod tests {
                     assert!((*g as f64 - w).abs() < 1e-5, "head {h} row {i}: {g} vs {w}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn every_kernel_gives_the_portable_bits() {
+        // Heads of 72 (two 32-column strips and 8 lanes) over 77 keys (two strips, 8 lanes and
+        // a remainder of 5), 130 queries (a whole block and a partial one); 2 query heads per
+        // key/value head.
+        let (heads, kv_heads, hd, n_q, n_k) = (4usize, 2usize, 72usize, 130usize, 77usize);
+        let q = values(heads * n_q * hd, 4);
+        let k = values(kv_heads * n_k * hd, 5);
+        let v = values(kv_heads * n_k * hd, 6);
+        let run = |kernels| {
+            let mut out = vec![f32::NAN; n_q * heads * hd];
+            let shape = (heads, kv_heads, hd);
+            attention_bidirectional_on(kernels, &q, &k, &v, shape, n_q, n_k, &mut out);
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let want = run(Kernels::Scalar(crate::Scalar));
+        for kernels in Kernels::available() {
+            assert!(
+                run(kernels) == want,
+                "{kernels} differs from the portable kernels"
+            );
         }
     }
 

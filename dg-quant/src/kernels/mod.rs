@@ -407,6 +407,36 @@ impl<'a> ViewMut<'a> {
     }
 }
 
+/// [`Kernel::tiles`] on any width: the widest multiple of 8 columns on `kern` (its widest
+/// tiles take the multiple of 32 in it), a remainder under 8 on the portable tiles. The same
+/// bits as `Scalar.tiles` on the whole.
+pub(crate) fn tiles_any_width(
+    kern: impl Kernel,
+    lhs: View<'_>,
+    rhs: View<'_>,
+    mut out: ViewMut<'_>,
+    load: bool,
+) {
+    let (rows, cols, depth) = (out.rows(), out.cols(), lhs.cols());
+    let wide = cols / 32 * 32;
+    let eights = cols / 8 * 8;
+    for (c0, c1) in [(0, wide), (wide, eights)] {
+        if c1 > c0 {
+            let r = rhs.block((0, c0), (depth, c1 - c0));
+            kern.tiles(lhs, r, out.block_mut((0, c0), (rows, c1 - c0)), load);
+        }
+    }
+    if cols > eights {
+        let r = rhs.block((0, eights), (depth, cols - eights));
+        Scalar.tiles(
+            lhs,
+            r,
+            out.block_mut((0, eights), (rows, cols - eights)),
+            load,
+        );
+    }
+}
+
 /// Checks that `out = lhs @ rhs` is a well-formed product with `out.cols()` a multiple of
 /// `lanes`.
 #[track_caller]

@@ -51,6 +51,7 @@ pub use experts::gather_matmul_t;
 #[cfg(test)]
 use experts::gather_matmul_t_on;
 pub use values::attention_values;
+pub(crate) use values::attention_values_on;
 
 /// Which product of activations `x` and quantized weights `W`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

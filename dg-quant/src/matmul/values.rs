@@ -10,7 +10,7 @@
 
 use crate::format::{check_len, mul};
 use crate::kernels::gemm::column_panels;
-use crate::kernels::{with_kernel, Kernel, Kernels, Scalar, View, ViewMut};
+use crate::kernels::{tiles_any_width, with_kernel, Kernels, View, ViewMut};
 use crate::scratch::with_buffer;
 use crate::QuantError;
 
@@ -45,17 +45,20 @@ pub fn attention_values(
         out.len(),
         mul("attention output", m, n)?,
     )?;
-    attention_values_on(Kernels::best(), probs, values, (m, k, n), out);
+    let parallel = m * k * n >= PARALLEL_MIN_MACS;
+    attention_values_on(Kernels::best(), probs, values, (m, k, n), out, parallel);
     Ok(())
 }
 
-/// [`attention_values`] on the given kernels, on checked lengths.
+/// [`attention_values`] on the given kernels, on checked lengths; its strips on the current
+/// pool when `parallel`.
 pub(crate) fn attention_values_on(
     kernels: Kernels,
     probs: &[f32],
     values: &[f32],
     (m, k, n): (usize, usize, usize),
     out: &mut [f32],
+    parallel: bool,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -64,7 +67,6 @@ pub(crate) fn attention_values_on(
         out.fill(0.0);
         return;
     }
-    let parallel = m * k * n >= PARALLEL_MIN_MACS;
     with_kernel!(kernels, kern => column_panels(out, (m, n), STRIP, parallel, |mut panel| {
         let (c0, w) = (panel.start(), panel.width());
         with_buffer(KEY_STEP * w + m * w, |buf| {
@@ -78,12 +80,7 @@ pub(crate) fn attention_values_on(
                 let p = View::new(&probs[k0..], m, kc, k);
                 let v = View::new(&strip[..kc * w], kc, w, w);
                 let o = ViewMut::new(acc, m, w, w);
-                // The vector tiles take whole 8-lane columns; a narrower remainder (a head of
-                // 4 mod 8) takes the portable tiles, which compute the same bits.
-                match w % 8 {
-                    0 => kern.tiles(p, v, o, k0 > 0),
-                    _ => Scalar.tiles(p, v, o, k0 > 0),
-                }
+                tiles_any_width(kern, p, v, o, k0 > 0);
             }
             for (i, row) in acc.chunks_exact(w).enumerate() {
                 panel.row_mut(i).copy_from_slice(row);
@@ -128,7 +125,7 @@ mod tests {
             let want = chain(&p, &v, (m, k, n));
             for kernels in Kernels::available() {
                 let mut out = vec![f32::NAN; m * n];
-                attention_values_on(kernels, &p, &v, (m, k, n), &mut out);
+                attention_values_on(kernels, &p, &v, (m, k, n), &mut out, m % 2 == 0);
                 let same = out
                     .iter()
                     .zip(&want)
