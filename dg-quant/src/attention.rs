@@ -137,13 +137,14 @@ pub(crate) fn attention_bidirectional_on(
             ctx
         })
         .collect();
-    for (t, ctx) in per_task.iter().enumerate() {
-        let (h, i0) = (t / blocks, (t % blocks) * QUERY_ROWS);
-        for (i, row) in ctx.chunks_exact(hd).enumerate() {
-            let at = ((i0 + i) * heads + h) * hd;
-            out[at..at + hd].copy_from_slice(row);
-        }
-    }
+    out.par_chunks_mut(heads * hd)
+        .enumerate()
+        .for_each(|(i, token)| {
+            let (b, r) = (i / QUERY_ROWS, i % QUERY_ROWS);
+            for (h, dst) in token.chunks_exact_mut(hd).enumerate() {
+                dst.copy_from_slice(&per_task[h * blocks + b][r * hd..(r + 1) * hd]);
+            }
+        });
 }
 
 #[cfg(test)]

@@ -116,6 +116,14 @@ pub fn geglu_inplace_par(gate: &mut [f32], up: &[f32]) {
         .for_each(|(g, u)| geglu_inplace(g, u));
 }
 
+/// `f(&mut x[i], y[i])` for every `i`, blocks of elements in parallel (residual streams are
+/// megabytes, and a serial pass would leave every other thread idle).
+pub fn elementwise_par(x: &mut [f32], y: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
+    x.par_chunks_mut(PAR_ELEMENTS)
+        .zip(y.par_chunks(PAR_ELEMENTS))
+        .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, &y)| f(x, y)));
+}
+
 /// Numerically stable softmax of one row, in place (max-subtracted, f32 accumulation).
 pub fn softmax_inplace(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -232,12 +232,13 @@ impl VisionTower {
         // Head-major copies [heads, n, hd] for the per-head products.
         let head_major = |t: &[f32], heads: usize| -> Vec<f32> {
             let mut out = vec![0f32; t.len()];
-            for tok in 0..n {
-                for h in 0..heads {
-                    out[(h * n + tok) * hd..(h * n + tok + 1) * hd]
-                        .copy_from_slice(&t[(tok * heads + h) * hd..(tok * heads + h + 1) * hd]);
-                }
-            }
+            out.par_chunks_mut((n * hd).max(1))
+                .enumerate()
+                .for_each(|(h, dst)| {
+                    for (tok, d) in dst.chunks_exact_mut(hd).enumerate() {
+                        d.copy_from_slice(&t[(tok * heads + h) * hd..(tok * heads + h + 1) * hd]);
+                    }
+                });
             out
         };
         let (qh, kh, vh) = (head_major(&q, nh), head_major(&k, nkv), head_major(&v, nkv));
@@ -295,23 +296,17 @@ impl VisionTower {
         let eps = c.rms_norm_eps;
 
         let mut h = self.embed_patches(rgb, height, width)?;
+        let mut normed = vec![0f32; h.len()];
         for b in &self.blocks {
-            let mut normed = h.clone();
-            ops::rms_norm_rows_inplace_par(&mut normed, hd, Some(&b.input_layernorm), eps);
+            ops::rms_norm_rows_par(&h, hd, Some(&b.input_layernorm), eps, &mut normed);
             let mut attn = self.attention(b, &normed, n, &positions, &rope)?;
             ops::rms_norm_rows_inplace_par(&mut attn, hd, Some(&b.post_attention_layernorm), eps);
-            h.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            ops::elementwise_par(&mut h, &attn, |a, b| *a += b);
 
-            let mut normed = h.clone();
-            ops::rms_norm_rows_inplace_par(
-                &mut normed,
-                hd,
-                Some(&b.pre_feedforward_layernorm),
-                eps,
-            );
+            ops::rms_norm_rows_par(&h, hd, Some(&b.pre_feedforward_layernorm), eps, &mut normed);
             let mut ffw = self.mlp(b, &normed, n)?;
             ops::rms_norm_rows_inplace_par(&mut ffw, hd, Some(&b.post_feedforward_layernorm), eps);
-            h.iter_mut().zip(&ffw).for_each(|(a, b)| *a += b);
+            ops::elementwise_par(&mut h, &ffw, |a, b| *a += b);
         }
 
         // VisionPooler._avg_pool_by_positions: bucket (x / k) + (pW / k) * (y / k), weight

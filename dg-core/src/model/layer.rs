@@ -3,7 +3,6 @@
 //! only the layer scalar differs (the encoder has its own).
 
 use dg_quant::ops;
-use rayon::prelude::*;
 
 use super::attention::{Attention, AttentionMask};
 use super::batch::Segments;
@@ -109,7 +108,7 @@ impl Layer {
             ),
         };
         let attn = self.norm(&attn, &self.post_attention_layernorm);
-        elementwise(x, &attn, |r, a| *r += a);
+        ops::elementwise_par(x, &attn, |r, a| *r += a);
         let residual: &[f32] = x;
 
         let dense_in = self.norm(residual, &self.pre_feedforward_layernorm);
@@ -121,18 +120,9 @@ impl Layer {
         let moe = self.experts.forward(&moe_in, rows, &routing)?;
         let mut moe = self.norm(&moe, &self.post_feedforward_layernorm_2);
 
-        elementwise(&mut moe, &dense, |m, d| *m += d);
+        ops::elementwise_par(&mut moe, &dense, |m, d| *m += d);
         let ffn = self.norm(&moe, &self.post_feedforward_layernorm);
-        elementwise(x, &ffn, |r, f| *r = (*r + f) * scalar);
+        ops::elementwise_par(x, &ffn, |r, f| *r = (*r + f) * scalar);
         Ok(())
     }
-}
-
-/// `f(&mut x[i], y[i])` for every `i`, in parallel (a long prompt's residual stream is tens
-/// of megabytes).
-fn elementwise(x: &mut [f32], y: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
-    const CHUNK: usize = 1 << 14;
-    x.par_chunks_mut(CHUNK)
-        .zip(y.par_chunks(CHUNK))
-        .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, &y)| f(x, y)));
 }

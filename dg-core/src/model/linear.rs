@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use dg_quant::{bf16, QExperts, QMatrix, QuantSpec};
+use rayon::prelude::*;
 
 use crate::checkpoint::{Buf, Checkpoint, FloatView};
 use crate::config::{QuantEntry, QuantizationConfig};
@@ -288,7 +289,7 @@ impl Linear {
         let clipped_in;
         let x = match &self.clip {
             Some(c) => {
-                clipped_in = x.iter().map(|&v| clamp(v, c.input)).collect::<Vec<_>>();
+                clipped_in = x.par_iter().map(|&v| clamp(v, c.input)).collect::<Vec<_>>();
                 &clipped_in[..]
             }
             None => x,
@@ -298,9 +299,7 @@ impl Linear {
             self.add_lora(lora, x, m, out)?;
         }
         if let Some(c) = &self.clip {
-            for v in out.iter_mut() {
-                *v = clamp(*v, c.output);
-            }
+            out.par_iter_mut().for_each(|v| *v = clamp(*v, c.output));
         }
         Ok(())
     }
