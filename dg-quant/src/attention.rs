@@ -175,13 +175,25 @@ mod tests {
             .collect()
     }
 
+    /// Head-major queries, keys and values of the given shape.
+    fn inputs(
+        (heads, kv_heads, hd): (usize, usize, usize),
+        n_q: usize,
+        n_k: usize,
+        seed: u32,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        (
+            values(heads * n_q * hd, seed),
+            values(kv_heads * n_k * hd, seed + 1),
+            values(kv_heads * n_k * hd, seed + 2),
+        )
+    }
+
     #[test]
     fn matches_f64_attention() {
         // 300 queries: two whole blocks and a partial one; 4 query heads on 2 key/value heads.
         let (heads, kv_heads, hd, n_q, n_k) = (4usize, 2usize, 9usize, 300usize, 77usize);
-        let q = values(heads * n_q * hd, 1);
-        let k = values(kv_heads * n_k * hd, 2);
-        let v = values(kv_heads * n_k * hd, 3);
+        let (q, k, v) = inputs((heads, kv_heads, hd), n_q, n_k, 1);
         let mut out = vec![f32::NAN; n_q * heads * hd];
         attention_bidirectional(&q, &k, &v, (heads, kv_heads, hd), n_q, n_k, &mut out).unwrap();
         for h in 0..heads {
@@ -206,9 +218,7 @@ mod tests {
         // a remainder of 5), 130 queries (a whole block and a partial one); 2 query heads per
         // key/value head.
         let (heads, kv_heads, hd, n_q, n_k) = (4usize, 2usize, 72usize, 130usize, 77usize);
-        let q = values(heads * n_q * hd, 4);
-        let k = values(kv_heads * n_k * hd, 5);
-        let v = values(kv_heads * n_k * hd, 6);
+        let (q, k, v) = inputs((heads, kv_heads, hd), n_q, n_k, 4);
         let run = |kernels| {
             let mut out = vec![f32::NAN; n_q * heads * hd];
             let shape = (heads, kv_heads, hd);

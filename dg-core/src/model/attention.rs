@@ -436,17 +436,23 @@ mod tests {
         out
     }
 
+    /// One head's queries `[len, hd]`, keys and values `[n_keys, hd]`.
+    fn head_inputs(len: usize, n_keys: usize, hd: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let value =
+            |i: usize, salt: usize| (((i * 7919 + salt * 104729) % 2003) as f32 / 2003.0) - 0.5;
+        (
+            (0..len * hd).map(|i| value(i, 1)).collect(),
+            (0..n_keys * hd).map(|i| value(i, 2)).collect(),
+            (0..n_keys * hd).map(|i| value(i, 3)).collect(),
+        )
+    }
+
     #[test]
     fn query_blocks_over_visible_keys_match_whole_attention() {
         let hd = 8;
-        let value =
-            |i: usize, salt: usize| (((i * 7919 + salt * 104729) % 2003) as f32 / 2003.0) - 0.5;
         // A continuation pass: 600 queries (3 blocks) after 100 cached positions.
         let (cached, len) = (100, 600);
-        let n_keys = cached + len;
-        let q: Vec<f32> = (0..len * hd).map(|i| value(i, 1)).collect();
-        let k: Vec<f32> = (0..n_keys * hd).map(|i| value(i, 2)).collect();
-        let v: Vec<f32> = (0..n_keys * hd).map(|i| value(i, 3)).collect();
+        let (q, k, v) = head_inputs(len, cached + len, hd);
         for mask in [
             AttentionMask::Causal {
                 window: None,
@@ -479,15 +485,10 @@ mod tests {
     #[test]
     fn the_query_block_size_changes_no_bit() {
         let hd = 16;
-        let value =
-            |i: usize, salt: usize| (((i * 7919 + salt * 104729) % 2003) as f32 / 2003.0) - 0.5;
         // 700 queries after 100 cached positions: with 256-row blocks the values product runs
         // over more than 512 keys, where a chunked reduction would round differently.
         let (cached, len) = (100, 700);
-        let n_keys = cached + len;
-        let q: Vec<f32> = (0..len * hd).map(|i| value(i, 1)).collect();
-        let k: Vec<f32> = (0..n_keys * hd).map(|i| value(i, 2)).collect();
-        let v: Vec<f32> = (0..n_keys * hd).map(|i| value(i, 3)).collect();
+        let (q, k, v) = head_inputs(len, cached + len, hd);
         for window in [None, Some(300)] {
             let view = KeyView {
                 keys: Vec::new(),
