@@ -235,6 +235,13 @@ mod tests {
     }
 
     #[test]
+    fn no_keys_give_zeros() {
+        let mut out = vec![f32::NAN; 3 * 2 * 4];
+        attention_bidirectional(&[1.0; 24], &[], &[], (2, 1, 4), 3, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
     fn rejects_mismatched_shapes() {
         let mut out = vec![0.0f32; 8];
         let err =
