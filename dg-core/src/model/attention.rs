@@ -194,9 +194,10 @@ impl Attention {
             .map(|(((span, cache), visible), &first_query)| {
                 let kept = (visible.start - cache.start) * hd..(visible.end - cache.start) * hd;
                 let rows = span.start * hd..span.end * hd;
+                // Heads in parallel: after a long prompt each is megabytes.
                 let join = |cached: &[Vec<f32>], fresh: &[Vec<f32>]| -> Vec<Cow<'_, [f32]>> {
                     cached
-                        .iter()
+                        .par_iter()
                         .zip(fresh)
                         .map(|(c, f)| Cow::Owned([&c[kept.clone()], &f[rows.clone()]].concat()))
                         .collect()
