@@ -420,21 +420,30 @@ fn work(model: &DiffusionGemma, shared: &Shared) {
         }
 
         let mut deliver = |key: usize, event| deliver(&routes, key, event);
-        let finished = batch.take_finished(&mut deliver);
-        for (key, result) in finished {
-            let route = routes.remove(&key).expect("every sequence has a route");
-            tokens_in_flight -= route.tokens;
-            round.finished += 1;
+        let finished: Vec<_> = batch
+            .take_finished(&mut deliver)
+            .into_iter()
+            .map(|(key, result)| {
+                let route = routes.remove(&key).expect("every sequence has a route");
+                tokens_in_flight -= route.tokens;
+                round.finished += 1;
+                (route, result)
+            })
+            .collect();
+
+        // The status first: a client that has its answer sees it counted as finished.
+        {
+            let mut queue = shared.lock();
+            round.record(&mut queue.status);
+            queue.status.running = batch.len();
+            queue.status.tokens_in_flight = tokens_in_flight;
+        }
+        for (route, result) in finished {
             let _ = route.tx.send(match result {
                 Ok(generation) => Update::Done(generation),
                 Err(e) => Update::Failed(e),
             });
         }
-
-        let mut queue = shared.lock();
-        round.record(&mut queue.status);
-        queue.status.running = batch.len();
-        queue.status.tokens_in_flight = tokens_in_flight;
     }
 }
 
