@@ -125,6 +125,7 @@ mod tests {
             let want = chain(&p, &v, (m, k, n));
             for kernels in Kernels::available() {
                 let mut out = vec![f32::NAN; m * n];
+                // Odd and even row counts take the serial and the parallel strips.
                 attention_values_on(kernels, &p, &v, (m, k, n), &mut out, m % 2 == 0);
                 let same = out
                     .iter()
