@@ -154,13 +154,10 @@ pub fn logsumexp(row: &[f32]) -> f32 {
 }
 
 /// Rotary embedding in the non-interleaved ("rotate half") layout MLX uses with
-/// `traditional=False`: pairs `(x[i], x[i + half])` for `i < half` are rotated by
-/// `position * inv_freq[i]`. `x` is one head vector of `2 * inv_freq.len()` rotated dims
-/// (the caller passes the rotated slice).
-pub fn rope_rotate_half(x0: &mut [f32], x1: &mut [f32], position: f32, inv_freq: &[f32]) {
-    for ((a, b), f) in x0.iter_mut().zip(x1.iter_mut()).zip(inv_freq) {
-        let theta = position * f;
-        let (sin, cos) = theta.sin_cos();
+/// `traditional=False`: pairs `(x0[i], x1[i])` (a head's `x[i]` and `x[i + half]`) are rotated
+/// by the angle `position * inv_freq[i]` whose cosine and sine are `cos[i]`, `sin[i]`.
+pub fn rope_rotate_half(x0: &mut [f32], x1: &mut [f32], cos: &[f32], sin: &[f32]) {
+    for (((a, b), &cos), &sin) in x0.iter_mut().zip(x1.iter_mut()).zip(cos).zip(sin) {
         let (va, vb) = (*a, *b);
         *a = va * cos - vb * sin;
         *b = va * sin + vb * cos;
@@ -204,7 +201,8 @@ mod tests {
     fn rope_rotates_pairs() {
         let mut a = [1.0f32, 0.0];
         let mut b = [0.0f32, 1.0];
-        rope_rotate_half(&mut a, &mut b, 2.0, &[std::f32::consts::FRAC_PI_4, 0.0]);
+        let theta = std::f32::consts::FRAC_PI_2;
+        rope_rotate_half(&mut a, &mut b, &[theta.cos(), 1.0], &[theta.sin(), 0.0]);
         approx::assert_abs_diff_eq!(a[0], 0.0, epsilon = 1e-6);
         approx::assert_abs_diff_eq!(b[0], 1.0, epsilon = 1e-6);
         assert_eq!((a[1], b[1]), (0.0, 1.0));

@@ -101,6 +101,7 @@ impl Attention {
             .zip(first)
             .flat_map(|(span, &f)| (0..span.len()).map(move |t| f + t))
             .collect();
+        let angles = self.rope.angles(&positions);
         let split =
             |flat: &[f32], heads: usize, norm: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
                 (0..heads)
@@ -111,7 +112,7 @@ impl Attention {
                             let src = &flat[(t * heads + h) * hd..(t * heads + h + 1) * hd];
                             ops::rms_norm_row(src, norm, self.eps, o);
                             if rope {
-                                self.rope.apply(o, positions[t]);
+                                angles.rotate(o, t);
                             }
                         }
                         out

@@ -34,15 +34,46 @@ impl Rope {
         Rope { half, inv_freq }
     }
 
-    /// Rotates one head vector in place for absolute position `position`.
-    pub fn apply(&self, head: &mut [f32], position: usize) {
-        let (left, right) = head.split_at_mut(self.half);
+    /// The rotation angles of `positions`, computed once for every head of a pass (each head
+    /// of a row turns by the same angles).
+    pub fn angles(&self, positions: &[usize]) -> RopeAngles {
         let n = self.inv_freq.len();
+        let mut cos = vec![0.0f32; positions.len() * n];
+        let mut sin = vec![0.0f32; positions.len() * n];
+        let rows = cos.chunks_exact_mut(n).zip(sin.chunks_exact_mut(n));
+        for ((c, s), &p) in rows.zip(positions) {
+            for ((c, s), f) in c.iter_mut().zip(s.iter_mut()).zip(&self.inv_freq) {
+                (*s, *c) = (p as f32 * f).sin_cos();
+            }
+        }
+        RopeAngles {
+            half: self.half,
+            n,
+            cos,
+            sin,
+        }
+    }
+}
+
+/// The cosines and sines of one layer type's rotation at a list of positions ([`Rope::angles`]).
+#[derive(Clone, Debug)]
+pub struct RopeAngles {
+    half: usize,
+    n: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeAngles {
+    /// Rotates one head vector in place for the `i`-th position.
+    pub fn rotate(&self, head: &mut [f32], i: usize) {
+        let (left, right) = head.split_at_mut(self.half);
+        let at = i * self.n..(i + 1) * self.n;
         dg_quant::ops::rope_rotate_half(
-            &mut left[..n],
-            &mut right[..n],
-            position as f32,
-            &self.inv_freq,
+            &mut left[..self.n],
+            &mut right[..self.n],
+            &self.cos[at.clone()],
+            &self.sin[at],
         );
     }
 }

@@ -5,6 +5,7 @@ use dg_quant::ops;
 
 use super::shape_err;
 use crate::error::CoreError;
+use crate::model::rope::RopeAngles;
 
 /// `out [m, n] = a [m, k] @ b [k, n]`, or `@ b^T` with `b [n, k]` when `b_transposed`.
 pub(crate) fn matmul(
@@ -201,12 +202,12 @@ pub(crate) fn lora_backward(
     matmul(&d_xa, a, (m, rank, in_dim), true)
 }
 
-/// Transposed rotation of `Rope::apply` (its gradient): rotate-half with `-theta` is the
-/// rotation with the second half negated before and after.
-pub(crate) fn rope_backward(rope: &crate::model::rope::Rope, head: &mut [f32], position: usize) {
+/// Transposed rotation of `RopeAngles::rotate` for the `i`-th position (its gradient):
+/// rotate-half with `-theta` is the rotation with the second half negated before and after.
+pub(crate) fn rope_backward(angles: &RopeAngles, head: &mut [f32], i: usize) {
     let half = head.len() / 2;
     head[half..].iter_mut().for_each(|v| *v = -*v);
-    rope.apply(head, position);
+    angles.rotate(head, i);
     head[half..].iter_mut().for_each(|v| *v = -*v);
 }
 
@@ -471,19 +472,19 @@ pub(crate) mod tests {
                 partial_rotary_factor: partial,
                 factor: 1.0,
             };
-            let rope = crate::model::rope::Rope::new(hd, &params);
+            let angles = crate::model::rope::Rope::new(hd, &params).angles(&[37]);
             let g = values(hd, 19, 1.0);
             // The rotation is linear: (R^T g)_j = <R e_j, g>.
             let want: Vec<f64> = (0..hd)
                 .map(|j| {
                     let mut e = vec![0.0f32; hd];
                     e[j] = 1.0;
-                    rope.apply(&mut e, 37);
+                    angles.rotate(&mut e, 0);
                     e.iter().zip(&g).map(|(a, b)| *a as f64 * *b as f64).sum()
                 })
                 .collect();
             let mut got = g.clone();
-            rope_backward(&rope, &mut got, 37);
+            rope_backward(&angles, &mut got, 0);
             assert_grad(rope_type, &got, &want, 1e-6);
         }
     }

@@ -186,6 +186,7 @@ pub(crate) fn forward(
         None => None,
     };
     let first = pass.first_query();
+    let angles = att.rope.angles(&(first..first + rows).collect::<Vec<_>>());
     // As `Attention::project`: per head, normed, then rotated for its absolute position.
     let split = |flat: &[f32], heads: usize, w: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
         (0..heads)
@@ -195,7 +196,7 @@ pub(crate) fn forward(
                     let src = &flat[(t * heads + head) * hd..(t * heads + head + 1) * hd];
                     ops::rms_norm_row(src, w, eps, o);
                     if rope {
-                        att.rope.apply(o, first + t);
+                        angles.rotate(o, t);
                     }
                 }
                 out
@@ -402,6 +403,7 @@ pub(crate) fn backward(
     // Decoder passes attend to the cached positions first, then to their own rows.
     let cached = n_keys - rows;
     let first = pass.first_query();
+    let angles = att.rope.angles(&(first..first + rows).collect::<Vec<_>>());
     let cache_grads = match pass {
         Pass::Encoder { .. } => None,
         Pass::Decoder { .. } => Some(KvGrads {
@@ -421,7 +423,7 @@ pub(crate) fn backward(
             for r in 0..rows {
                 let mut g = d[r * hd..(r + 1) * hd].to_vec();
                 if rope {
-                    rope_backward(&att.rope, &mut g, first + r);
+                    rope_backward(&angles, &mut g, r);
                 }
                 let at = (r * heads + head) * hd..(r * heads + head + 1) * hd;
                 let dx = rms_norm_backward(&raw[at.clone()], hd, w, eps, &g);
