@@ -184,6 +184,9 @@ fn many_rows() {
     let t_v = random_x(&mut rng, tk * td);
     let mut t_out = vec![0.0f32; 16 * tq * td];
     let mut t_out2 = vec![0.0f32; 16 * tq * td];
+    // The same q_proj shape with its weights from DRAM, as the decoder reads them: eight
+    // matrices (92 MB, past the L3) taken in turn, so each call's was evicted since its last.
+    let cold_stack = Weights::random(&mut rng, 8, 4096, 2816, 8);
     let mut cases: Vec<Case<'_>> = Vec::new();
     for (((name, rows, cols, _), w), (x, out)) in linears
         .iter()
@@ -198,6 +201,17 @@ fn many_rows() {
             Box::new(move || dg_quant::matmul_t(x, m, &q, out).unwrap()),
         ));
     }
+    let cold = cold_stack.experts();
+    let (cold_x, mut cold_out, mut cold_turn) = (&xs[1], vec![0.0f32; m * 4096], 0usize);
+    cases.push((
+        "q_proj 8-bit 4096x2816, weights from DRAM, x @ W^T".into(),
+        (2 * m * 4096 * 2816) as u64,
+        Box::new(move || {
+            let w = cold.expert(cold_turn % 8).unwrap();
+            cold_turn += 1;
+            dg_quant::matmul_t(cold_x, m, &w, &mut cold_out).unwrap()
+        }),
+    ));
     cases.push((
         "embed 4-bit 4096x2816, x @ W".into(),
         (2 * m * 4096 * 2816) as u64,

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{check_x, Plan, Product};
+use super::{check_x, Plan, Product, Rows};
 use crate::format::{check_len, mul};
 use crate::kernels::Kernels;
 use crate::scratch::with_buffer;
@@ -14,8 +14,8 @@ use crate::{QExperts, QuantError};
 /// for each pair `p = (x_row, expert)`, `out[p, :] = x[x_row, :] @ W_expert^T`
 /// (`out [pairs.len(), rows]`). Pairs are grouped by expert (stably, as MLX's sorted path does)
 /// so each expert's weights are read once per call; experts run in parallel. Pairs that come
-/// sorted by expert have each expert's outputs written as one block, and an expert's x rows
-/// that are consecutive are read in place: nothing is copied.
+/// sorted by expert have each expert's outputs written as one block; x rows are read in
+/// place.
 pub fn gather_matmul_t(
     x: &[f32],
     x_rows: usize,
@@ -97,38 +97,20 @@ pub(crate) fn gather_matmul_t_on(
             }
             return Ok(());
         }
-        // The expert's rows of x are read in place when consecutive (the down projection of
-        // pairs sorted by expert), else gathered.
-        let first = pairs[ps[0]].0;
-        let in_place = ps.iter().enumerate().all(|(i, &p)| pairs[p].0 == first + i);
-        let gathered = if in_place { 0 } else { m * k };
-        let staged = match dest {
-            Dest::Block(_) => 0,
-            Dest::Rows(_) => m * n,
-        };
-        with_buffer(gathered + staged, |buf| {
-            let (xbuf, res) = buf.split_at_mut(gathered);
-            let xs: &[f32] = if in_place {
-                &x[first * k..(first + m) * k]
-            } else {
-                for (dst, &p) in xbuf.chunks_exact_mut(k).zip(ps) {
-                    let r = pairs[p].0;
-                    dst.copy_from_slice(&x[r * k..(r + 1) * k]);
+        // The expert's rows of x are read in place (into the scaled copy its product makes).
+        let picked: Vec<usize> = ps.iter().map(|&p| pairs[p].0).collect();
+        let xs = Rows::picked(x, k, &picked);
+        // Nested in the experts' tasks: rayon splits the panels only when a thread is idle, and
+        // each panel computes the same bits on any thread.
+        match dest {
+            Dest::Block(block) => plan.run_rows(xs, m, &w, block, true),
+            Dest::Rows(mut rows) => with_buffer(m * n, |res| {
+                plan.run_rows(xs, m, &w, res, true);
+                for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
+                    row.copy_from_slice(r);
                 }
-                xbuf
-            };
-            // Nested in the experts' tasks: rayon splits the panels only when a thread is
-            // idle, and each panel computes the same bits on any thread.
-            match dest {
-                Dest::Block(block) => plan.run(xs, m, &w, block, true),
-                Dest::Rows(mut rows) => {
-                    plan.run(xs, m, &w, res, true);
-                    for (row, r) in rows.iter_mut().zip(res.chunks_exact(n)) {
-                        row.copy_from_slice(r);
-                    }
-                }
-            }
-        });
+            }),
+        }
         Ok::<(), QuantError>(())
     })
 }

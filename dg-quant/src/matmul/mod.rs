@@ -37,6 +37,7 @@ use crate::format::{check_len, mul};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::Avx512;
 use crate::kernels::{with_kernel, Kernels};
+use crate::scratch::with_buffer;
 use crate::{QExperts, QMatrix, QuantError, QuantSpec};
 
 mod experts;
@@ -117,14 +118,69 @@ impl Plan {
     /// empty dimension; `parallel`: tasks spread over the current pool, else run on this
     /// thread.
     fn run(self, x: &[f32], m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
+        let depth = match self.product() {
+            Product::XWt => w.cols,
+            Product::XW => w.rows,
+        };
+        self.run_rows(Rows::all(x, depth), m, w, out, parallel)
+    }
+
+    /// [`Plan::run`] on `m` activation rows given as [`Rows`] (those an expert picks out of
+    /// all the tokens' rows are read in place).
+    fn run_rows(self, x: Rows<'_>, m: usize, w: &QMatrix, out: &mut [f32], parallel: bool) {
         match self {
             #[cfg(target_arch = "x86_64")]
             Plan::UnpackedPanels(k) => unpacked::matmul_t(k, x, m, w, out, parallel),
             Plan::DequantTiles(k) => {
                 with_kernel!(k, k => tiled::matmul_t(k, x, m, w, out, parallel))
             }
-            Plan::DequantStrips(k) => with_kernel!(k, k => xw::matmul(k, x, m, w, out, parallel)),
+            Plan::DequantStrips(k) => match x.pick {
+                None => {
+                    let x = &x.x[..m * x.width];
+                    with_kernel!(k, k => xw::matmul(k, x, m, w, out, parallel))
+                }
+                // (No caller picks rows for `x @ W`.)
+                Some(_) => with_buffer(m * x.width, |xs| {
+                    for (i, dst) in xs.chunks_exact_mut(x.width).enumerate() {
+                        dst.copy_from_slice(x.row(i));
+                    }
+                    with_kernel!(k, k => xw::matmul(k, xs, m, w, out, parallel))
+                }),
+            },
         }
+    }
+}
+
+/// The activation rows of a product: rows `0..m` of `x` (`width` wide), or the rows
+/// `pick[0..m]` of it.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    x: &'a [f32],
+    width: usize,
+    pick: Option<&'a [usize]>,
+}
+
+impl<'a> Rows<'a> {
+    fn all(x: &'a [f32], width: usize) -> Self {
+        Rows {
+            x,
+            width,
+            pick: None,
+        }
+    }
+
+    fn picked(x: &'a [f32], width: usize, pick: &'a [usize]) -> Self {
+        Rows {
+            x,
+            width,
+            pick: Some(pick),
+        }
+    }
+
+    /// The `i`-th row.
+    fn row(&self, i: usize) -> &'a [f32] {
+        let r = self.pick.map_or(i, |p| p[i]);
+        &self.x[r * self.width..(r + 1) * self.width]
     }
 }
 

@@ -278,7 +278,9 @@ impl Strategy {
     fn run(self, x: &[f32], m: usize, w: &QMatrix, out: &mut [f32]) {
         match self {
             Strategy::Plan(plan) => plan.run(x, m, w, out, true),
-            Strategy::ScalarPanels => unpacked::matmul_t(Scalar, x, m, w, out, true),
+            Strategy::ScalarPanels => {
+                unpacked::matmul_t(Scalar, super::Rows::all(x, w.cols), m, w, out, true)
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! accumulates register tiles over `KC`-wide chunks of them (`Kernel::tiles`), each output in
 //! k order.
 
+use super::Rows;
 use crate::kernels::gemm::{column_panels, ColumnPanel};
 use crate::kernels::{prefetch, Kernel, View, ViewMut};
 use crate::scratch::with_buffer;
@@ -17,7 +18,7 @@ const KC: usize = 256;
 /// `out [m, w.rows] = x [m, w.cols] @ W^T` (shapes checked, none empty).
 pub(super) fn matmul_t(
     kern: impl Kernel,
-    x: &[f32],
+    x: Rows<'_>,
     m: usize,
     w: &QMatrix,
     out: &mut [f32],
@@ -65,11 +66,11 @@ pub(super) fn matmul_t(
 }
 
 /// `x [m, k]` transposed into `[k, m8]`, `m8 = m` rounded up to 8, zero-padded.
-fn pack_xt(x: &[f32], m: usize, k: usize) -> (Vec<f32>, usize) {
+fn pack_xt(x: Rows<'_>, m: usize, k: usize) -> (Vec<f32>, usize) {
     let m8 = m.div_ceil(8) * 8;
     let mut xt = vec![0.0f32; k * m8];
-    for (i, xr) in x.chunks_exact(k).enumerate() {
-        for (kk, v) in xr.iter().enumerate() {
+    for i in 0..m {
+        for (kk, v) in x.row(i).iter().enumerate() {
             xt[kk * m8 + i] = *v;
         }
     }

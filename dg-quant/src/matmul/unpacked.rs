@@ -14,6 +14,7 @@
 
 use rayon::prelude::*;
 
+use super::Rows;
 use crate::kernels::gemm::{column_panels, ColumnPanel};
 use crate::kernels::{group_sums, GroupParams, Lines, PanelKernel, View, ViewMut};
 use crate::scratch::with_buffer;
@@ -46,10 +47,11 @@ pub(super) fn x_block_bytes() -> usize {
 /// FMA chains to hide their latency; above 24 the rows take two tiles, each decoding again.
 const WORD_TILE_ROWS: std::ops::RangeInclusive<usize> = 8..=24;
 
-/// `out [m, w.rows] = x [m, w.cols] @ W^T` (shapes checked, none empty; 4- or 8-bit `w`).
+/// `out [m, w.rows] = x [m, w.cols] @ W^T` (shapes checked, none empty; 4- or 8-bit `w`). The
+/// rows of `x` are read once, into the scaled copy the panels take.
 pub(super) fn matmul_t(
     kern: impl PanelKernel,
-    x: &[f32],
+    x: Rows<'_>,
     m: usize,
     w: &QMatrix,
     out: &mut [f32],
@@ -61,16 +63,19 @@ pub(super) fn matmul_t(
     let mut xsum = vec![0.0f32; m * groups];
     with_buffer(m * ldx, |xf| {
         // Per row: the group sums, and x scaled to the panels' in-place fields.
-        let prepare = |((xr, sr), fr): ((&[f32], &mut [f32]), &mut [f32])| {
+        let prepare = |(i, (sr, fr)): (usize, (&mut [f32], &mut [f32]))| {
+            let xr = x.row(i);
             group_sums(xr, gs, sr);
             kern.scale_fields(xr, w.spec.bits, &mut fr[..k]);
         };
-        let rows = x.chunks_exact(k).zip(xsum.chunks_exact_mut(groups));
+        let rows = xsum.chunks_exact_mut(groups).zip(xf.chunks_exact_mut(ldx));
         if parallel && m * k >= PARALLEL_PREPARE_MIN {
-            let rows = x.par_chunks_exact(k).zip(xsum.par_chunks_exact_mut(groups));
-            rows.zip(xf.par_chunks_exact_mut(ldx)).for_each(prepare);
+            let rows = xsum
+                .par_chunks_exact_mut(groups)
+                .zip(xf.par_chunks_exact_mut(ldx));
+            rows.enumerate().for_each(prepare);
         } else {
-            rows.zip(xf.chunks_exact_mut(ldx)).for_each(prepare);
+            rows.enumerate().for_each(prepare);
         }
         panels(kern, View::new(xf, m, k, ldx), &xsum, w, out, parallel)
     })
