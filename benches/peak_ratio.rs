@@ -167,6 +167,7 @@ fn many_rows() {
     let (vh, vi, vd) = (1152usize, 4304usize, 72usize);
     let vx = random_x(&mut rng, vn * vh);
     let vw = random_x(&mut rng, vi * vh);
+    let vw16: Vec<dg_quant::bf16> = vw.iter().map(|&v| dg_quant::bf16::from_f32(v)).collect();
     let vq = Weights::random(&mut rng, 1, vi, vh, 8);
     let vqm = vq.matrix();
     let vheads = 16usize;
@@ -174,6 +175,7 @@ fn many_rows() {
     let mut vattn = vec![0.0f32; vheads * vn * vd];
     let mut vout = vec![0.0f32; vn * vi];
     let mut vout_q = vec![0.0f32; vn * vi];
+    let mut vout_w = vec![0.0f32; vn * vi];
     let mut vs_out = vec![0.0f32; vn * vn];
     let mut vc_out = vec![0.0f32; vn * vd];
     // Attention's values product on a global layer after a 4096-token prompt: 256 canvas rows
@@ -234,6 +236,11 @@ fn many_rows() {
         format!("vision up f32 {vi}x{vh}, {vn} rows, gemm"),
         (2 * vn * vi * vh) as u64,
         Box::new(|| dg_quant::matmul_f32(&vx, &vw, vn, vh, vi, true, &mut vout).unwrap()),
+    ));
+    cases.push((
+        format!("vision up bf16 {vi}x{vh}, {vn} rows, widened panels"),
+        (2 * vn * vi * vh) as u64,
+        Box::new(|| dg_quant::matmul_bf16_t(&vx, vn, &vw16, (vi, vh), &mut vout_w).unwrap()),
     ));
     cases.push((
         format!("vision up 8-bit {vi}x{vh}, {vn} rows, panels"),

@@ -98,8 +98,9 @@ pub struct Checkpoint {
     sidecar: Option<usize>,
 }
 
-/// A floating tensor (bf16, f16 or f32) left in the mapped file and widened to f32 on demand:
-/// the vision tower's plain weights, widened per call so that no f32 copy outlives the call.
+/// A floating tensor (bf16, f16 or f32) left in the mapped file: the vision tower's plain
+/// weights. Aligned bf16 is read in place (`as_bf16`: the product widens a panel at a time);
+/// anything else is widened to f32 per call, so that no f32 copy outlives the call.
 #[derive(Clone)]
 pub struct FloatView {
     file: Arc<MappedFile>,
@@ -108,6 +109,14 @@ pub struct FloatView {
 }
 
 impl FloatView {
+    /// The values in place as bf16, when they are bf16 and aligned for it in the file.
+    pub fn as_bf16(&self) -> Option<&[bf16]> {
+        let raw = &self.file.bytes()[self.range.clone()];
+        (self.dtype == Dtype::BF16)
+            .then(|| bytemuck::try_cast_slice(raw).ok())
+            .flatten()
+    }
+
     /// The values as f32.
     pub fn to_f32(&self) -> Vec<f32> {
         // The dtype was checked when the view was made.
@@ -123,7 +132,7 @@ impl std::fmt::Debug for FloatView {
 
 /// Little-endian bf16, f16 or f32 bytes as f32; `None` for any other dtype.
 fn widen(dtype: Dtype, raw: &[u8]) -> Option<Vec<f32>> {
-    // In parallel: plain weights mapped as bf16 (the vision tower's) are widened on every
+    // In parallel: plain weights mapped as f16, f32 or misaligned bf16 are widened on every
     // forward pass.
     Some(match dtype {
         Dtype::BF16 => raw

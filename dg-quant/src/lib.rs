@@ -42,5 +42,7 @@ pub use format::{QExperts, QMatrix, QuantSpec};
 #[cfg(target_arch = "x86_64")]
 pub use kernels::{Avx2Fma, Avx512};
 pub use kernels::{Kernels, Level, Scalar};
-pub use matmul::{attention_values, gather_matmul_t, matmul, matmul_f32, matmul_t, Plan, Product};
+pub use matmul::{
+    attention_values, gather_matmul_t, matmul, matmul_bf16_t, matmul_f32, matmul_t, Plan, Product,
+};
 pub use sparse::{matmul_sparse, SparseStats};

@@ -117,8 +117,9 @@ pub struct Linear {
 pub enum PlainWeights {
     /// Widened to f32 at load: the text model runs every linear at every denoising step.
     Widened,
-    /// Left in the mapped file and widened per call: the vision tower runs once per image, and
-    /// its bf16 sidecar would take twice the memory as f32.
+    /// Left in the mapped file and widened per call (bf16 a panel at a time, inside the
+    /// product): the vision tower runs once per image, and its bf16 sidecar would take twice
+    /// the memory as f32.
     Mapped,
 }
 
@@ -179,6 +180,15 @@ impl Plain {
             PlainWeights::Widened => Plain::Widened(ck.f32(name, shape)?),
             PlainWeights::Mapped => Plain::Mapped(ck.float_view(name, shape)?),
         })
+    }
+
+    /// The weights in the mapped file as bf16, which `x @ W^T` widens a panel at a time
+    /// (`dg_quant::matmul_bf16_t`) instead of whole.
+    fn mapped_bf16(&self) -> Option<&[bf16]> {
+        match self {
+            Plain::Mapped(v) => v.as_bf16(),
+            Plain::Widened(_) => None,
+        }
     }
 
     /// The weights as f32: borrowed when widened at load, else widened now.
@@ -313,9 +323,10 @@ impl Linear {
 
     fn forward_base_into(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), CoreError> {
         match &self.weights {
-            Weights::Dense(w) => {
-                dg_quant::matmul_f32(x, &w.f32(), m, self.in_dim, self.out_dim, true, out)
-            }
+            Weights::Dense(w) => match w.mapped_bf16() {
+                Some(w) => dg_quant::matmul_bf16_t(x, m, w, (self.out_dim, self.in_dim), out),
+                None => dg_quant::matmul_f32(x, &w.f32(), m, self.in_dim, self.out_dim, true, out),
+            },
             Weights::Quantized(q) => dg_quant::matmul_t(x, m, &self.qmatrix(q)?, out),
         }
         .map_err(|e| self.quant_err(e))

@@ -186,10 +186,15 @@ pub(crate) trait PanelKernel: Copy + Send + Sync {
     /// `i < rows`. The lanes `rows..out.cols()` (a multiple of 16) may be written with zeros.
     fn unpack_rows_t(self, words: &[u32], stride: usize, bits: u32, rows: usize, out: ViewMut<'_>);
 
-    /// Per-group parameters of `rows` rows (`stride` apart) as an f32 table with one column
-    /// per row: `out[g][i] = params[i * stride + g]` for `g < out.rows()`; the lanes
-    /// `rows..out.cols()` (a multiple of 16) may be written with zeros.
-    fn params_t(self, params: &[bf16], stride: usize, rows: usize, out: ViewMut<'_>);
+    /// `rows` bf16 rows (`stride` apart: per-group parameters, or plain weights) widened into
+    /// an f32 table with one column per row: `out[g][i] = params[i * stride + g]` for
+    /// `g < out.rows()`; the lanes `rows..out.cols()` (a multiple of 16) may be written with
+    /// zeros.
+    fn widen_t(self, params: &[bf16], stride: usize, rows: usize, out: ViewMut<'_>);
+
+    /// [`Kernel::tiles`] (one fma chain per element in `k` order) over a widened panel, in
+    /// the taller register tiles of `tiles_q`; `out.cols()` a multiple of 32.
+    fn panel_tiles(self, x: View<'_>, panel: View<'_>, out: ViewMut<'_>, load: bool);
 
     /// Register tiles over an unpacked panel: `out[i][c] = sum_g fma(b[g][c], xsum[i][g],
     /// fma(s[g][c], p_g, .))` in group order, from `out[i][c]` when `load` (else 0), where

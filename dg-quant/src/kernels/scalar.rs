@@ -83,10 +83,10 @@ impl PanelKernel for Scalar {
         }
     }
 
-    fn params_t(self, params: &[bf16], stride: usize, rows: usize, mut out: ViewMut<'_>) {
+    fn widen_t(self, params: &[bf16], stride: usize, rows: usize, mut out: ViewMut<'_>) {
         assert!(
             rows <= out.cols(),
-            "params_t: {rows} rows into {} lanes",
+            "widen_t: {rows} rows into {} lanes",
             out.cols()
         );
         for i in 0..rows {
@@ -94,6 +94,10 @@ impl PanelKernel for Scalar {
                 *out.at(g, i) = params[i * stride + g].to_f32();
             }
         }
+    }
+
+    fn panel_tiles(self, x: View<'_>, panel: View<'_>, out: ViewMut<'_>, load: bool) {
+        Kernel::tiles(self, x, panel, out, load)
     }
 
     fn tiles_q(

@@ -1,7 +1,8 @@
 //! AVX-512 kernels (x86-64): the unpacked panels of 4- and 8-bit weights (`unpack_rows_t`,
-//! `params_t`) with their register tiles (`tiles_q`), which every `x @ W^T` with such weights
+//! `widen_t`) with their register tiles (`tiles_q`), which every `x @ W^T` with such weights
 //! runs, the transposed-word panels whose tiles decode the fields (`transpose_words_t`,
-//! `tiles_qw`) for small row blocks, and 32-column register tiles for `x @ W`. [`Avx512`] exists only where the CPU has
+//! `tiles_qw`) for small row blocks, the same tiles over widened bf16 panels (`panel_tiles`),
+//! and 32-column register tiles for `x @ W`. [`Avx512`] exists only where the CPU has
 //! AVX-512F/BW/VL (and AVX2 + FMA, whose kernels it runs for the rest), so its methods call the
 //! `#[target_feature]` bodies safely. Twins on `Scalar`; tests at the bottom and in
 //! `kernels/mod.rs` compare them bit for bit.
@@ -42,6 +43,46 @@ impl Avx512 {
     /// The AVX2 + FMA kernels this CPU also has.
     pub fn avx2(self) -> Avx2Fma {
         self.avx2
+    }
+
+    /// [`Kernel::tiles`] in register tiles of at most `max_rows` (<= 12) rows x 32 columns
+    /// (`row_tiles`); `out.cols()` a multiple of 32.
+    fn tiles_of(
+        self,
+        max_rows: usize,
+        lhs: View<'_>,
+        rhs: View<'_>,
+        mut out: ViewMut<'_>,
+        load: bool,
+    ) {
+        check_product(&lhs, &rhs, &out, 32);
+        if !out.start(lhs.cols(), load) {
+            return;
+        }
+        for c in (0..out.cols()).step_by(32) {
+            for (i, mr) in row_tiles(out.rows(), max_rows) {
+                let t = Tile::at(&lhs, &rhs, &mut out, (i, c), load);
+                // SAFETY: AVX-512 present (`self`); the tile covers rows i..i+mr <= rows and
+                // columns c..c+32 <= cols of views checked to fit their slices, and
+                // k < lhs.cols() = rhs.rows() (`check_product`).
+                unsafe {
+                    match mr {
+                        12 => tile::<2, 12>(t),
+                        11 => tile::<2, 11>(t),
+                        10 => tile::<2, 10>(t),
+                        9 => tile::<2, 9>(t),
+                        8 => tile::<2, 8>(t),
+                        7 => tile::<2, 7>(t),
+                        6 => tile::<2, 6>(t),
+                        5 => tile::<2, 5>(t),
+                        4 => tile::<2, 4>(t),
+                        3 => tile::<2, 3>(t),
+                        2 => tile::<2, 2>(t),
+                        _ => tile::<2, 1>(t),
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -127,32 +168,11 @@ impl Kernel for Avx512 {
 
     /// 6-row x 32-column register tiles (`row_tiles`); AVX2's where the width is not a
     /// multiple of 32.
-    fn tiles(self, lhs: View<'_>, rhs: View<'_>, mut out: ViewMut<'_>, load: bool) {
+    fn tiles(self, lhs: View<'_>, rhs: View<'_>, out: ViewMut<'_>, load: bool) {
         if !out.cols().is_multiple_of(32) {
             return self.avx2.tiles(lhs, rhs, out, load);
         }
-        check_product(&lhs, &rhs, &out, 32);
-        if !out.start(lhs.cols(), load) {
-            return;
-        }
-        for c in (0..out.cols()).step_by(32) {
-            for (i, mr) in row_tiles(out.rows(), TILE_ROWS) {
-                let t = Tile::at(&lhs, &rhs, &mut out, (i, c), load);
-                // SAFETY: AVX-512 present (`self`); the tile covers rows i..i+mr <= rows and
-                // columns c..c+32 <= cols of views checked to fit their slices, and
-                // k < lhs.cols() = rhs.rows() (`check_product`).
-                unsafe {
-                    match mr {
-                        6 => tile::<2, 6>(t),
-                        5 => tile::<2, 5>(t),
-                        4 => tile::<2, 4>(t),
-                        3 => tile::<2, 3>(t),
-                        2 => tile::<2, 2>(t),
-                        _ => tile::<2, 1>(t),
-                    }
-                }
-            }
-        }
+        self.tiles_of(TILE_ROWS, lhs, rhs, out, load)
     }
 
     fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
@@ -246,12 +266,12 @@ impl PanelKernel for Avx512 {
     }
 
     /// Sixteen rows' bf16 parameters at a time, widened to f32 and transposed in registers.
-    fn params_t(self, params: &[bf16], stride: usize, rows: usize, mut out: ViewMut<'_>) {
+    fn widen_t(self, params: &[bf16], stride: usize, rows: usize, mut out: ViewMut<'_>) {
         let groups = out.rows();
         if rows == 0 || groups == 0 {
             return;
         }
-        check_transposed("params_t", (params.len(), stride, groups), rows, &out);
+        check_transposed("widen_t", (params.len(), stride, groups), rows, &out);
         let ld = out.ld();
         for i0 in (0..rows).step_by(16) {
             let n = (rows - i0).min(16);
@@ -272,6 +292,11 @@ impl PanelKernel for Avx512 {
                 }
             }
         }
+    }
+
+    /// 12-row x 32-column register tiles (`row_tiles`).
+    fn panel_tiles(self, x: View<'_>, panel: View<'_>, out: ViewMut<'_>, load: bool) {
+        self.tiles_of(TILE_Q_ROWS, x, panel, out, load)
     }
 
     /// 12-row x 32-column register tiles (`row_tiles`): per `k`, two panel vectors against
@@ -641,7 +666,7 @@ unsafe fn transpose_slab<const NW: usize>(
     }
 }
 
-/// One 16 x 16 block of `params_t`: `n` rows, `ng` groups.
+/// One 16 x 16 block of `widen_t`: `n` rows, `ng` groups.
 ///
 /// # Safety
 /// AVX-512F/BW/VL available; `params` valid for `ng` values at `i * stride` for `i < n`;
@@ -982,13 +1007,13 @@ mod tests {
                     .collect();
                 let mut got = vec![f32::NAN; groups * ld];
                 let mut want = got.clone();
-                k.params_t(
+                k.widen_t(
                     &params,
                     stride,
                     rows,
                     ViewMut::new(&mut got, groups, ld, ld),
                 );
-                Scalar.params_t(
+                Scalar.widen_t(
                     &params,
                     stride,
                     rows,

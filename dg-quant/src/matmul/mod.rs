@@ -33,6 +33,9 @@
 
 use std::fmt;
 
+use half::bf16;
+use rayon::prelude::*;
+
 use crate::format::{check_len, mul};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::Avx512;
@@ -46,6 +49,8 @@ mod tiled;
 #[cfg(any(target_arch = "x86_64", test))]
 mod unpacked;
 mod values;
+#[cfg(any(target_arch = "x86_64", test))]
+mod widened;
 mod xw;
 
 pub use experts::gather_matmul_t;
@@ -251,6 +256,45 @@ pub(crate) fn product_on(
         return Ok(());
     }
     Plan::for_weights(product, w.spec, kernels).run(x, m, w, out, true);
+    Ok(())
+}
+
+/// `out [m, rows] = x [m, cols] @ W^T` for plain bf16 weights `w [rows, cols]` (the vision
+/// tower's, left in the mapped file). On AVX-512 the product widens the weights a panel at a
+/// time (`widened.rs`: each output one fma chain in `k` order); elsewhere they are widened
+/// whole, then multiplied by [`matmul_f32`].
+pub fn matmul_bf16_t(
+    x: &[f32],
+    m: usize,
+    w: &[bf16],
+    (rows, cols): (usize, usize),
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    check_x("matmul_bf16_t input x", x, m, cols)?;
+    check_len(
+        "matmul_bf16_t weights",
+        w.len(),
+        mul("matmul_bf16_t weights", rows, cols)?,
+    )?;
+    check_len(
+        "matmul_bf16_t output",
+        out.len(),
+        mul("matmul_bf16_t output", m, rows)?,
+    )?;
+    if m == 0 || rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Kernels::Avx512(k) = Kernels::best() {
+        widened::matmul_t(k, x, m, w, (rows, cols), out, true);
+        return Ok(());
+    }
+    let wide: Vec<f32> = w.par_iter().map(|v| v.to_f32()).collect();
+    crate::kernels::gemm::matmul_f32(x, &wide, (m, cols, rows), true, out);
     Ok(())
 }
 

@@ -578,3 +578,41 @@ fn bad_shapes_are_errors_not_panics() {
         })
     ));
 }
+
+/// `x @ W^T` with bf16 weights widened a panel at a time: every output is one fma chain in `k`
+/// order (so neither the passes over `x`, the 32-row panels nor the 128-column chunks show),
+/// on the scalar twins and on AVX-512 where present.
+#[test]
+fn bf16_products_are_one_fma_chain_per_element() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    // 45 and 33 rows: partial panels; 200 and 72 columns: partial chunks; 2700 x 200 rows of x:
+    // more than one pass over the weights.
+    for (m, rows, cols) in [(1, 45, 200), (13, 64, 72), (2700, 33, 200)] {
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let w: Vec<bf16> = (0..rows * cols)
+            .map(|_| bf16::from_f32(rng.gen_range(-0.5..0.5)))
+            .collect();
+        let want: Vec<f32> = (0..m * rows)
+            .map(|o| {
+                let (xr, wr) = (&x[o / rows * cols..], &w[o % rows * cols..]);
+                (0..cols).fold(0.0f32, |acc, k| xr[k].mul_add(wr[k].to_f32(), acc))
+            })
+            .collect();
+        let mut got = vec![f32::NAN; m * rows];
+        widened::matmul_t(Scalar, &x, m, &w, (rows, cols), &mut got, true);
+        assert!(got == want, "scalar twin, {m} x {rows} x {cols}");
+        if let Kernels::Avx512(k) = Kernels::best() {
+            got.fill(f32::NAN);
+            pool(2).install(|| widened::matmul_t(k, &x, m, &w, (rows, cols), &mut got, true));
+            assert!(got == want, "AVX-512, {m} x {rows} x {cols}");
+        }
+        // The public product (any kernel) agrees to rounding.
+        got.fill(f32::NAN);
+        matmul_bf16_t(&x, m, &w, (rows, cols), &mut got).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
+    let err = matmul_bf16_t(&[0.0; 3], 1, &[bf16::ZERO; 4], (2, 2), &mut [0.0; 2]).unwrap_err();
+    assert!(err.to_string().contains("matmul_bf16_t input x"), "{err}");
+}

@@ -122,8 +122,8 @@ fn panels(
                     s.fill(0.0);
                     b.fill(0.0);
                 }
-                kern.params_t(rows.scales, groups, nr, ViewMut::new(s, groups, P, P));
-                kern.params_t(rows.biases, groups, nr, ViewMut::new(b, groups, P, P));
+                kern.widen_t(rows.scales, groups, nr, ViewMut::new(s, groups, P, P));
+                kern.widen_t(rows.biases, groups, nr, ViewMut::new(b, groups, P, P));
                 let decode_in_tiles = WORD_TILE_ROWS.contains(&mb);
                 for (ci, k0) in (0..k).step_by(kc).enumerate() {
                     // Prefetched by the tiles one line every few steps: bursts (half before
