@@ -46,6 +46,11 @@ pub(super) fn x_block_bytes() -> usize {
 /// reload cost more than decoding once per tile. Below 8 rows a 16-column tile has too few
 /// FMA chains to hide their latency; above 24 the rows take two tiles, each decoding again.
 const WORD_TILE_ROWS: std::ops::RangeInclusive<usize> = 8..=24;
+/// Reductions up to this long run the word tiles in one chunk (the experts' down projection,
+/// k = 704: one transpose and one tiles call per panel instead of six, 75-77% -> 78-79% of
+/// the FMA peak); the 2816-wide gate/up products measured slower in chunks of 512 or more
+/// than of `KC` (docs/PERFORMANCE.md).
+const WORD_TILE_WHOLE_K: usize = 1024;
 
 /// `out [m, w.rows] = x [m, w.cols] @ W^T` (shapes checked, none empty; 4- or 8-bit `w`). The
 /// rows of `x` are read once, into the scaled copy the panels take.
@@ -100,12 +105,16 @@ fn panels(
     const P: usize = PANEL_ROWS;
     let (m, k, gs) = (xf.rows(), w.cols, w.spec.group_size);
     let groups = k / gs;
-    let kc = (KC.max(gs) / gs * gs).min(k);
     let wpr = w.spec.words_per_row(k);
     // Passes over the weights, each with a block of x's rows (`x_block_bytes`) that every
     // panel reads whole.
     let passes = (m * k * 4).div_ceil(x_block_bytes()).clamp(1, m);
     for (i0, mb) in even_blocks(m, passes) {
+        let decode_in_tiles = WORD_TILE_ROWS.contains(&mb);
+        let kc = match decode_in_tiles && k <= WORD_TILE_WHOLE_K {
+            true => k,
+            false => (KC.max(gs) / gs * gs).min(k),
+        };
         let task = |mut panel: ColumnPanel<'_>| {
             let (r0, nr) = (panel.start(), panel.width());
             let rows = w.row_slice(r0, r0 + nr);
@@ -124,7 +133,6 @@ fn panels(
                 }
                 kern.widen_t(rows.scales, groups, nr, ViewMut::new(s, groups, P, P));
                 kern.widen_t(rows.biases, groups, nr, ViewMut::new(b, groups, P, P));
-                let decode_in_tiles = WORD_TILE_ROWS.contains(&mb);
                 for (ci, k0) in (0..k).step_by(kc).enumerate() {
                     // Prefetched by the tiles one line every few steps: bursts (half before
                     // the unpack, half after) held every line-fill buffer while they went to
