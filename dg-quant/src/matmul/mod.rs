@@ -40,7 +40,6 @@ use crate::format::{check_len, mul};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::Avx512;
 use crate::kernels::{with_kernel, Kernels};
-use crate::scratch::with_buffer;
 use crate::{QExperts, QMatrix, QuantError, QuantSpec};
 
 mod experts;
@@ -139,19 +138,7 @@ impl Plan {
             Plan::DequantTiles(k) => {
                 with_kernel!(k, k => tiled::matmul_t(k, x, m, w, out, parallel))
             }
-            Plan::DequantStrips(k) => match x.pick {
-                None => {
-                    let x = &x.x[..m * x.width];
-                    with_kernel!(k, k => xw::matmul(k, x, m, w, out, parallel))
-                }
-                // (No caller picks rows for `x @ W`.)
-                Some(_) => with_buffer(m * x.width, |xs| {
-                    for (i, dst) in xs.chunks_exact_mut(x.width).enumerate() {
-                        dst.copy_from_slice(x.row(i));
-                    }
-                    with_kernel!(k, k => xw::matmul(k, xs, m, w, out, parallel))
-                }),
-            },
+            Plan::DequantStrips(k) => with_kernel!(k, k => xw::matmul(k, x, m, w, out, parallel)),
         }
     }
 }

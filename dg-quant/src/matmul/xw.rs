@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use super::Rows;
 use crate::kernels::gemm::column_panels;
 use crate::kernels::{Kernel, View, ViewMut};
 use crate::scratch::with_buffer;
@@ -25,7 +26,7 @@ pub(super) const REDUCE_ROWS: usize = 32768;
 /// `out [m, w.cols] = x [m, w.rows] @ W` (shapes checked, none empty).
 pub(super) fn matmul(
     kern: impl Kernel,
-    x: &[f32],
+    x: Rows<'_>,
     m: usize,
     w: &QMatrix,
     out: &mut [f32],
@@ -58,7 +59,7 @@ pub(super) fn matmul(
 /// `BLOCK_COLS`, each walking its rows in steps of `DEPTH`.
 fn column_blocks(
     kern: impl Kernel,
-    x: &[f32],
+    x: Rows<'_>,
     m: usize,
     w: &QMatrix,
     (r0, r1): (usize, usize),
@@ -76,7 +77,7 @@ fn column_blocks(
                     // This step's activations, packed: rows of x are far apart (the vocab).
                     let kc = s1 - s0;
                     for (i, dst) in xp.chunks_exact_mut(kc).take(m).enumerate() {
-                        dst.copy_from_slice(&x[i * w.rows + s0..i * w.rows + s1]);
+                        dst.copy_from_slice(&x.row(i)[s0..s1]);
                     }
                     let step = Step {
                         rows: (s0, s1),
