@@ -101,7 +101,7 @@ impl Attention {
             .zip(first)
             .flat_map(|(span, &f)| (0..span.len()).map(move |t| f + t))
             .collect();
-        let angles = self.rope.angles(&positions);
+        let angles = self.rope.angles(positions.iter().copied());
         let split =
             |flat: &[f32], heads: usize, norm: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
                 (0..heads)

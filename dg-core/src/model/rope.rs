@@ -36,12 +36,12 @@ impl Rope {
 
     /// The rotation angles of `positions`, computed once for every head of a pass (each head
     /// of a row turns by the same angles).
-    pub fn angles(&self, positions: &[usize]) -> RopeAngles {
+    pub fn angles(&self, positions: impl ExactSizeIterator<Item = usize>) -> RopeAngles {
         let n = self.inv_freq.len();
         let mut cos = vec![0.0f32; positions.len() * n];
         let mut sin = vec![0.0f32; positions.len() * n];
         let rows = cos.chunks_exact_mut(n).zip(sin.chunks_exact_mut(n));
-        for ((c, s), &p) in rows.zip(positions) {
+        for ((c, s), p) in rows.zip(positions) {
             for ((c, s), f) in c.iter_mut().zip(s.iter_mut()).zip(&self.inv_freq) {
                 (*s, *c) = (p as f32 * f).sin_cos();
             }

@@ -472,7 +472,7 @@ pub(crate) mod tests {
                 partial_rotary_factor: partial,
                 factor: 1.0,
             };
-            let angles = crate::model::rope::Rope::new(hd, &params).angles(&[37]);
+            let angles = crate::model::rope::Rope::new(hd, &params).angles(37..38);
             let g = values(hd, 19, 1.0);
             // The rotation is linear: (R^T g)_j = <R e_j, g>.
             let want: Vec<f64> = (0..hd)

@@ -186,7 +186,7 @@ pub(crate) fn forward(
         None => None,
     };
     let first = pass.first_query();
-    let angles = att.rope.angles(&(first..first + rows).collect::<Vec<_>>());
+    let angles = att.rope.angles(first..first + rows);
     // As `Attention::project`: per head, normed, then rotated for its absolute position.
     let split = |flat: &[f32], heads: usize, w: Option<&[f32]>, rope: bool| -> Vec<Vec<f32>> {
         (0..heads)
@@ -403,7 +403,7 @@ pub(crate) fn backward(
     // Decoder passes attend to the cached positions first, then to their own rows.
     let cached = n_keys - rows;
     let first = pass.first_query();
-    let angles = att.rope.angles(&(first..first + rows).collect::<Vec<_>>());
+    let angles = att.rope.angles(first..first + rows);
     let cache_grads = match pass {
         Pass::Encoder { .. } => None,
         Pass::Decoder { .. } => Some(KvGrads {
