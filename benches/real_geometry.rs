@@ -194,7 +194,7 @@ fn step_parts(model: &TextModel, steps: usize) -> Result<Vec<Row>> {
         let (tokens, s) = time(|| {
             sampler::apply_temperature(&mut logits, 1.0);
             let argmax = sampler::argmax_canvas(&logits, vocab)?;
-            let drawn = sampler::sample_canvas_with(&logits, vocab, 1.0, &mut rng, &mut probs)?;
+            let drawn = sampler::sample_canvas(&logits, vocab, 1.0, &mut rng)?;
             let confidence = sampler::token_probability(&logits, vocab, &drawn)?;
             Ok((argmax, confidence))
         })?;

@@ -161,7 +161,7 @@ impl BlockState {
         let denoiser = if p.temperature <= 0.0 {
             self.argmax.clone()
         } else {
-            sampler::sample_canvas_with(logits, vocab, p.temperature, rng, probs)?
+            sampler::sample_canvas(logits, vocab, p.temperature, rng)?
         };
 
         let has_probs = match p.sampler {

@@ -299,6 +299,45 @@ pub fn softmax_rows(xs: &[f32], width: usize, out: &mut [f32]) {
         .for_each(|(x, o)| softmax_block(Some(x), o, width));
 }
 
+/// Per `width`-long row of `xs` (whole rows only; none when `width` is 0): `(m, s)`, `m` the
+/// row's [`max`] and `s = 0 + exp(x0 - m) + exp(x1 - m) + ...` left to right, the two halves
+/// of the `LogSumExp` primitive. Blocks of rows go in parallel on the current thread pool, and
+/// a block's sums run side by side (each row's fold as alone: the same bits as
+/// [`sum_exp_shifted`]); the max is the softmax's shift, which exponentiates to the same
+/// values.
+pub fn max_sum_exp_rows(xs: &[f32], width: usize) -> Vec<(f32, f32)> {
+    const COLUMNS: usize = 512;
+    if width == 0 {
+        return Vec::new();
+    }
+    let n = xs.len() / width * width;
+    xs[..n]
+        .par_chunks(width * INTERLEAVED_ROWS)
+        .flat_map_iter(|block| {
+            let rows = block.len() / width;
+            let mut maxes = [0.0f32; INTERLEAVED_ROWS];
+            for (m, row) in maxes.iter_mut().zip(block.chunks_exact(width)) {
+                *m = softmax_shift(row);
+            }
+            let mut sums = [0.0f32; INTERLEAVED_ROWS];
+            let mut exps = [[0.0f32; COLUMNS]; INTERLEAVED_ROWS];
+            for c in (0..width).step_by(COLUMNS) {
+                let len = COLUMNS.min(width - c);
+                for (r, e) in exps.iter_mut().enumerate().take(rows) {
+                    let x = &block[r * width + c..r * width + c + len];
+                    exp_shifted(x, maxes[r], &mut e[..len]);
+                }
+                for j in 0..len {
+                    for (s, e) in sums.iter_mut().zip(&exps).take(rows) {
+                        *s += e[j];
+                    }
+                }
+            }
+            (0..rows).map(move |r| (maxes[r], sums[r]))
+        })
+        .collect()
+}
+
 /// [`softmax`] of every `width`-long row of `rows` in place, on this thread, the same bits
 /// (the attention probabilities: MLX's CPU `scaled_dot_product_attention` softmaxes its scores
 /// with this primitive). A row of `-inf` gives NaN, as in MLX. Only whole rows are written;

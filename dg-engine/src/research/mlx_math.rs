@@ -60,7 +60,12 @@ pub fn argmax(xs: &[f32]) -> usize {
 /// `m = max(x)`, `s = 0 + exp(x0 - m) + ...`, result `log(s) + m`, or `m` when `m` is infinite.
 pub fn logsumexp(xs: &[f32]) -> f32 {
     let m = max(xs);
-    let s = sum_exp_shifted(xs, m);
+    logsumexp_of(m, sum_exp_shifted(xs, m))
+}
+
+/// The end of [`logsumexp`]: the row's max `m` and `s = sum(exp(x - m))` give `log(s) + m`,
+/// or `m` when `m` is infinite.
+pub fn logsumexp_of(m: f32, s: f32) -> f32 {
     if m.is_infinite() {
         m
     } else {

@@ -38,7 +38,8 @@
 //!   then samples by inverse CDF, `searchsorted_right(exclusive_cumsum(w), uniform() *
 //!   sum(w)) - 1` with `w = exp(x - max)` (MLX's fast exp), or `w = (x == max)` when the max is
 //!   infinite. The two paths give different samples for the same key. A 1-D `(V,)` input
-//!   uses the Gumbel path.
+//!   uses the Gumbel path. dg's Gumbel path hashes only the words of entries that can still
+//!   win ([`categorical_scaled_with_key`]): the same sample, without the noise array.
 
 use rayon::prelude::*;
 
@@ -101,6 +102,20 @@ fn threefry2x32_lanes<const L: usize>(
 /// multiple of `LANES`).
 const BITS_CHUNK: usize = 4096;
 
+/// The words of counter pairs `(first + j, second + first + j)`: their first outputs into
+/// `a`, their second outputs into `b` (`b` no longer than `a`).
+fn hash_pairs(key: Key, first: usize, second: usize, a: &mut [u32], b: &mut [u32]) {
+    for (l, wa) in a.chunks_mut(LANES).enumerate() {
+        let i = first + l * LANES;
+        let c0 = std::array::from_fn(|j| (i + j) as u32);
+        let c1 = std::array::from_fn(|j| (second + i + j) as u32);
+        let (x0, x1) = threefry2x32_lanes::<LANES>(key, c0, c1);
+        wa.copy_from_slice(&x0[..wa.len()]);
+        let lb = b.len().saturating_sub(l * LANES).min(LANES);
+        b[l * LANES..l * LANES + lb].copy_from_slice(&x1[..lb]);
+    }
+}
+
 /// Calls `f(words, values)` on runs of `values`, `words` holding the words of
 /// `bits(values.len(), key)` at the same positions: with `h = n / 2` and `o = n % 2`, counter
 /// pair `(i, h + o + i)` gives words `i` and `h + o + i`, and for odd `n` the first output of
@@ -118,15 +133,13 @@ fn update_with_bits<T: Send>(key: Key, values: &mut [T], f: impl Fn(&[u32], &mut
     }
     let run = |(c, (a, b)): (usize, (&mut [T], &mut [T]))| {
         let (mut wa, mut wb) = ([0u32; BITS_CHUNK], [0u32; BITS_CHUNK]);
-        let lanes = wa.chunks_exact_mut(LANES).zip(wb.chunks_exact_mut(LANES));
-        for (l, (wa, wb)) in lanes.take(a.len().div_ceil(LANES)).enumerate() {
-            let i = c * BITS_CHUNK + l * LANES;
-            let first = std::array::from_fn(|j| (i + j) as u32);
-            let second = std::array::from_fn(|j| (half + odd + i + j) as u32);
-            let (x0, x1) = threefry2x32_lanes::<LANES>(key, first, second);
-            wa.copy_from_slice(&x0);
-            wb.copy_from_slice(&x1);
-        }
+        hash_pairs(
+            key,
+            c * BITS_CHUNK,
+            half + odd,
+            &mut wa[..a.len()],
+            &mut wb[..b.len()],
+        );
         f(&wa[..a.len()], a);
         f(&wb[..b.len()], b);
     };
@@ -239,16 +252,23 @@ pub fn gumbel_with_key(key: Key, shape: &[usize]) -> Result<Vec<f32>> {
 /// Follows MLX's two paths (see the module docs): inverse CDF when there is exactly one row
 /// and `shape` has 2 or more dimensions, Gumbel-max otherwise.
 pub fn categorical_with_key(key: Key, logits: &[f32], shape: &[usize]) -> Result<Vec<u32>> {
-    let mut noisy = dg_quant::alloc::copied(logits, "categorical logits")?;
-    categorical_in_place_with_key(key, &mut noisy, shape)
+    categorical_scaled_with_key(key, logits, shape, 1.0)
 }
 
-/// [`categorical_with_key`] that adds the Gumbel noise into `logits` (overwritten) instead of
-/// a new array: the same values (`gumbel + logit` per element), no allocation of their size.
-pub fn categorical_in_place_with_key(
+/// [`categorical_with_key`] of `logits / temperature` (each value divided in f32, as MLX
+/// divides an array by a scalar; no division when `temperature` is 1), without writing the
+/// divided logits anywhere.
+///
+/// The Gumbel-max path hashes only the words that can matter: every Gumbel value is at most
+/// [`GUMBEL_BOUND`], so once one entry's noisy value `x_j + g_j` is known, an entry with
+/// `x_i + GUMBEL_BOUND < x_j + g_j` (in f32: rounding is monotone) cannot be the argmax. The
+/// answer is the reference's, with a few words hashed per row instead of the whole row when
+/// the logits are peaked (see [`gumbel_max_row`]).
+pub fn categorical_scaled_with_key(
     key: Key,
-    logits: &mut [f32],
+    logits: &[f32],
     shape: &[usize],
+    temperature: f32,
 ) -> Result<Vec<u32>> {
     let (&vocab, batch) = shape.split_last().ok_or_else(|| EngineError::Shape {
         name: "shape",
@@ -268,11 +288,190 @@ pub fn categorical_in_place_with_key(
         });
     }
     if n == vocab && !batch.is_empty() {
-        return Ok(vec![categorical_inverse_cdf(key, logits, batch)?]);
+        let scaled: Vec<f32> = match temperature == 1.0 {
+            true => dg_quant::alloc::copied(logits, "categorical logits")?,
+            false => logits.iter().map(|&x| x / temperature).collect(),
+        };
+        return Ok(vec![categorical_inverse_cdf(key, &scaled, batch)?]);
     }
-    // The words of `gumbel_with_key(key, shape)`, each turned into its Gumbel value
-    // `-log(-log(u))`, the logs a run at a time on the kernels.
-    update_with_bits(key, logits, |words, logits| {
+    Ok(match temperature == 1.0 {
+        true => gumbel_max_rows(key, logits, vocab, |x| x),
+        false => gumbel_max_rows(key, logits, vocab, |x| x / temperature),
+    })
+}
+
+/// The largest value [`gumbel_with_key`] can give, rounded up: uniforms stop at
+/// `0.99999994`, whose Gumbel value is `-log(-log(0.99999994)) = 16.64`, and `-log(-log(u))`
+/// grows with `u` (test `gumbel_never_exceeds_its_bound`).
+const GUMBEL_BOUND: f32 = 17.0;
+
+/// A row hashes every word (the dense pass) once more than one entry in this many could
+/// still win: hashing words one by one costs about this many times more per word than
+/// hashing them in lanes.
+const DENSE_ROW_SHARE: usize = 16;
+
+/// `argmax(scale(logits) + gumbel)` per `vocab`-long row, `gumbel` the noise of one draw
+/// over all of `logits`: the rows that allow it by [`sparse_gumbel_max`], the others by
+/// [`dense_gumbel_max`].
+fn gumbel_max_rows(
+    key: Key,
+    logits: &[f32],
+    vocab: usize,
+    scale: impl Fn(f32) -> f32 + Sync,
+) -> Vec<u32> {
+    let n = logits.len();
+    let mut answers: Vec<Option<u32>> = logits
+        .par_chunks_exact(vocab)
+        .enumerate()
+        .map(|(r, row)| sparse_gumbel_max(key, n, r * vocab, row, &scale))
+        .collect();
+    let dense: Vec<bool> = answers.iter().map(Option::is_none).collect();
+    if dense.contains(&true) {
+        for (r, best) in dense_gumbel_max(key, logits, vocab, &dense, &scale) {
+            answers[r] = Some(best.index as u32);
+        }
+    }
+    answers.into_iter().map(Option::unwrap_or_default).collect()
+}
+
+/// The Gumbel value of one word: `-log(-log(uniform))`.
+fn gumbel_of_word(word: u32) -> f32 {
+    -mlx_math::log(-mlx_math::log(uniform_from_bits(word)))
+}
+
+/// The word of `bits([n], key)` at index `k` (the layout of [`update_with_bits`]).
+fn word_at(key: Key, n: usize, k: usize) -> u32 {
+    let (half, odd) = (n / 2, n % 2);
+    if k < half {
+        threefry2x32(key, [k as u32, (half + odd + k) as u32])[0]
+    } else if k < half + odd {
+        threefry2x32(key, [half as u32, 0])[0]
+    } else {
+        let i = k - half - odd;
+        threefry2x32(key, [i as u32, (half + odd + i) as u32])[1]
+    }
+}
+
+/// `argmax(scale(row) + gumbel)` for the row at index `start` of an `n`-word draw, hashing
+/// only the words that can win; `None` when the row needs [`dense_gumbel_max`].
+///
+/// With `x_j` the row's largest value, `x_j + g_j` is attained, and an entry with
+/// `x_i + GUMBEL_BOUND < x_j + g_j` is below it whatever its noise (f32 rounding is
+/// monotone), so only the others are hashed, in index order (the first maximum wins). Rows
+/// with NaN or `+inf` (whose noisy values can be NaN), of only `-inf`, or where more than one
+/// entry in [`DENSE_ROW_SHARE`] is left are refused.
+fn sparse_gumbel_max(
+    key: Key,
+    n: usize,
+    start: usize,
+    row: &[f32],
+    scale: impl Fn(f32) -> f32,
+) -> Option<u32> {
+    let (mut top, mut j, mut below_inf) = (f32::NEG_INFINITY, 0, true);
+    for (i, &l) in row.iter().enumerate() {
+        let x = scale(l);
+        below_inf &= x <= f32::MAX;
+        if x > top {
+            top = x;
+            j = i;
+        }
+    }
+    if !below_inf || top == f32::NEG_INFINITY {
+        return None;
+    }
+    let attained = top + gumbel_of_word(word_at(key, n, start + j));
+    let most = row.len() / DENSE_ROW_SHARE;
+    let mut candidates = Vec::new();
+    for (i, &l) in row.iter().enumerate() {
+        if scale(l) + GUMBEL_BOUND >= attained {
+            if candidates.len() == most {
+                return None;
+            }
+            candidates.push(i);
+        }
+    }
+    // Every noisy value here is finite or -inf, and the largest is at least `attained`.
+    let (mut best, mut index) = (f32::NEG_INFINITY, j);
+    for i in candidates {
+        let v = scale(row[i]) + gumbel_of_word(word_at(key, n, start + i));
+        if v > best {
+            best = v;
+            index = i;
+        }
+    }
+    Some(index as u32)
+}
+
+/// MLX's argmax over a part of a row: its first NaN, else its first maximum.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Best {
+    value: f32,
+    index: usize,
+    nan: bool,
+}
+
+impl Best {
+    /// The argmax of `values`, the first of them at index `offset`.
+    fn of(values: impl Iterator<Item = f32>, offset: usize) -> Self {
+        let mut best = Best {
+            value: f32::NEG_INFINITY,
+            index: offset,
+            nan: false,
+        };
+        for (i, v) in values.enumerate() {
+            if v.is_nan() {
+                return Best {
+                    value: v,
+                    index: offset + i,
+                    nan: true,
+                };
+            }
+            if v > best.value {
+                best.value = v;
+                best.index = offset + i;
+            }
+        }
+        best
+    }
+
+    /// The argmax of two parts of one row, in whichever order they come.
+    fn join(self, other: Self) -> Self {
+        let first = if self.index <= other.index {
+            self
+        } else {
+            other
+        };
+        match (self.nan, other.nan) {
+            (true, true) => first,
+            (true, false) => self,
+            (false, true) => other,
+            _ if self.value == other.value => first,
+            _ if self.value > other.value => self,
+            _ => other,
+        }
+    }
+}
+
+/// `argmax(scale(row) + gumbel)` for the rows marked in `dense`, every word of theirs hashed
+/// as MLX draws them: counter pair `(i, h + o + i)` gives words `i` and `h + o + i` (see
+/// [`update_with_bits`]), so a pair's two words can lie in different rows. Pairs whose words
+/// all lie in other rows are skipped. Returns each marked row's argmax.
+fn dense_gumbel_max(
+    key: Key,
+    logits: &[f32],
+    vocab: usize,
+    dense: &[bool],
+    scale: impl Fn(f32) -> f32 + Sync,
+) -> Vec<(usize, Best)> {
+    let n = logits.len();
+    let (half, odd) = (n / 2, n % 2);
+    let needed = |s: usize, e: usize| s < e && (s / vocab..=(e - 1) / vocab).any(|r| dense[r]);
+    // The row parts among the words `start..start + words.len()`, with their argmax.
+    let parts = |start: usize, words: &[u32]| -> Vec<(usize, Best)> {
+        let end = start + words.len();
+        if !needed(start, end) {
+            return Vec::new();
+        }
         let mut g = [0.0f32; BITS_CHUNK];
         let g = &mut g[..words.len()];
         for (g, &w) in g.iter_mut().zip(words) {
@@ -281,14 +480,50 @@ pub fn categorical_in_place_with_key(
         mlx_math::log_in_place(g);
         g.iter_mut().for_each(|g| *g = -*g);
         mlx_math::log_in_place(g);
-        for (logit, g) in logits.iter_mut().zip(g) {
-            *logit += -*g;
+        let mut out = Vec::new();
+        let mut k = start;
+        while k < end {
+            let r = k / vocab;
+            let stop = ((r + 1) * vocab).min(end);
+            if dense[r] {
+                let noisy = logits[k..stop]
+                    .iter()
+                    .zip(&g[k - start..stop - start])
+                    .map(|(&l, &g)| scale(l) + -g);
+                out.push((r, Best::of(noisy, k - r * vocab)));
+            }
+            k = stop;
         }
-    });
-    Ok(logits
-        .par_chunks_exact(vocab)
-        .map(|row| mlx_math::argmax(row) as u32)
-        .collect())
+        out
+    };
+    let mut found: Vec<(usize, Best)> = (0..half.div_ceil(BITS_CHUNK))
+        .into_par_iter()
+        .flat_map_iter(|c| {
+            let i = c * BITS_CHUNK;
+            let len = BITS_CHUNK.min(half - i);
+            let (a, b) = (i, half + odd + i);
+            if !needed(a, a + len) && !needed(b, b + len) {
+                return Vec::new();
+            }
+            let (mut wa, mut wb) = ([0u32; BITS_CHUNK], [0u32; BITS_CHUNK]);
+            hash_pairs(key, i, half + odd, &mut wa[..len], &mut wb[..len]);
+            let mut out = parts(a, &wa[..len]);
+            out.extend(parts(b, &wb[..len]));
+            out
+        })
+        .collect();
+    if odd == 1 {
+        found.extend(parts(half, &[threefry2x32(key, [half as u32, 0])[0]]));
+    }
+    let mut rows: Vec<(usize, Best)> = Vec::new();
+    found.sort_by_key(|&(r, _)| r);
+    for (r, best) in found {
+        match rows.last_mut() {
+            Some((last, b)) if *last == r => *b = b.join(best),
+            _ => rows.push((r, best)),
+        }
+    }
+    rows
 }
 
 /// MLX's `categorical_inverse_cdf` for one distribution; `batch` (all ones) is the shape of
@@ -440,15 +675,15 @@ impl Rng {
         categorical_with_key(k, logits, shape)
     }
 
-    /// [`Rng::categorical`] with the noise added into `logits` (see
-    /// [`categorical_in_place_with_key`]).
-    pub fn categorical_in_place(
+    /// [`Rng::categorical`] of `logits / temperature` (see [`categorical_scaled_with_key`]).
+    pub fn categorical_scaled(
         &mut self,
-        logits: &mut [f32],
+        logits: &[f32],
         shape: &[usize],
+        temperature: f32,
     ) -> Result<Vec<u32>> {
         let k = self.next_key();
-        categorical_in_place_with_key(k, logits, shape)
+        categorical_scaled_with_key(k, logits, shape, temperature)
     }
 }
 
@@ -560,6 +795,92 @@ mod tests {
         assert!(categorical_with_key(k, &[0.0; 4], &[2, 3]).is_err());
         assert!(categorical_with_key(k, &[], &[2, 0]).is_err());
         assert!(bits_with_key(k, &[usize::MAX, 3]).is_err());
+    }
+
+    #[test]
+    fn gumbel_never_exceeds_its_bound() {
+        // The largest uniforms give the largest values; below 0.9 they are under 2.3.
+        let mut u = 0.9f32;
+        let mut largest = f32::NEG_INFINITY;
+        while u <= 0.999_999_94 {
+            let g = -mlx_math::log(-mlx_math::log(u));
+            assert!(g >= largest, "not monotone at {u}");
+            largest = g;
+            u = f32::from_bits(u.to_bits() + 1);
+        }
+        assert!(largest < GUMBEL_BOUND && largest > 16.0, "{largest}");
+        assert_eq!(gumbel_of_word(u32::MAX), largest);
+    }
+
+    /// `argmax(logits / t + gumbel)` with every word drawn, as MLX computes it.
+    fn dense_twin(key: Key, logits: &[f32], vocab: usize, t: f32) -> Vec<u32> {
+        let g = gumbel_with_key(key, &[logits.len()]).unwrap();
+        let noisy: Vec<f32> = logits
+            .iter()
+            .zip(&g)
+            .map(|(&x, &g)| if t == 1.0 { x } else { x / t } + g)
+            .collect();
+        noisy
+            .chunks_exact(vocab)
+            .map(|row| mlx_math::argmax(row) as u32)
+            .collect()
+    }
+
+    #[test]
+    fn categorical_hashes_only_what_can_win_and_agrees_with_every_word_drawn() {
+        // Rows of each kind in one draw (so sparse and dense rows share counter pairs), with an
+        // odd total for the middle word: peaked, flat, NaN, +inf, all -inf, peaked with -inf.
+        let vocab = 4099;
+        let mut state = 7u32;
+        let mut unit = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32
+        };
+        let mut logits = Vec::new();
+        for kind in 0..9 {
+            let row: Vec<f32> = (0..vocab)
+                .map(|i| match kind % 6 {
+                    5 if i % 3 == 0 => f32::NEG_INFINITY,
+                    0 | 5 => 60.0 * unit() - if i % 97 == 0 { 0.0 } else { 40.0 },
+                    1 => 3.0 * unit(),
+                    2 if i == 1000 => f32::NAN,
+                    3 if i == 2000 => f32::INFINITY,
+                    4 => f32::NEG_INFINITY,
+                    _ => 30.0 * unit(),
+                })
+                .collect();
+            logits.extend(row);
+        }
+        let n = logits.len();
+        assert_eq!(n % 2, 1);
+        let mut sparse_rows = 0;
+        for seed in 0..6 {
+            let k = key(seed);
+            for t in [1.0f32, 0.7, 0.4] {
+                let ours = categorical_scaled_with_key(k, &logits, &[9, vocab], t).unwrap();
+                assert_eq!(ours, dense_twin(k, &logits, vocab, t), "seed {seed} t {t}");
+                for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                    let scale = |x: f32| if t == 1.0 { x } else { x / t };
+                    if let Some(a) = sparse_gumbel_max(k, n, r * vocab, row, scale) {
+                        assert_eq!(a, ours[r]);
+                        sparse_rows += 1;
+                    }
+                }
+            }
+        }
+        // The peaked rows (kinds 0 and 5, three of the nine) took the sparse path.
+        assert!(sparse_rows >= 3 * 6 * 3, "{sparse_rows}");
+    }
+
+    #[test]
+    fn best_joins_parts_as_one_argmax() {
+        let b = |value: f32, index| Best::of([value].into_iter(), index);
+        assert_eq!(b(1.0, 5).join(b(1.0, 2)).index, 2);
+        assert_eq!(b(2.0, 5).join(b(1.0, 2)).index, 5);
+        assert_eq!(b(f32::NAN, 7).join(b(3.0, 2)).index, 7);
+        assert_eq!(b(f32::NAN, 7).join(b(f32::NAN, 4)).index, 4);
+        let row = [1.0, 3.0, f32::NEG_INFINITY, 3.0];
+        assert_eq!(Best::of(row.into_iter(), 10).index, 11);
     }
 
     #[test]

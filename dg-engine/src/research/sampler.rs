@@ -160,52 +160,28 @@ pub fn argmax_canvas(logits: &[f32], vocab: usize) -> Result<Vec<u32>> {
 /// draw from `rng` covering all rows.
 ///
 /// Pass every row of the `(batch, L, V)` logits at once: MLX draws one Gumbel array for the
-/// whole tensor (and uses its inverse-CDF path when there is a single row).
+/// whole tensor (and uses its inverse-CDF path when there is a single row). The divided
+/// logits and the noise are never written out: each row hashes only the words that can win
+/// ([`crate::rng::categorical_scaled_with_key`]).
 pub fn sample_canvas(
     logits: &[f32],
     vocab: usize,
     temperature: f64,
     rng: &mut Rng,
 ) -> Result<Vec<u32>> {
-    if temperature <= 0.0 {
-        return argmax_canvas(logits, vocab);
-    }
-    let mut scratch = alloc::zeroed(logits.len(), "tempered logits [canvas, vocab]")?;
-    sample_canvas_with(logits, vocab, temperature, rng, &mut scratch)
-}
-
-/// [`sample_canvas`] with a caller's scratch buffer as long as `logits` (its values are
-/// overwritten): `logits / temperature` and the Gumbel noise are computed there, so a step
-/// allocates nothing of the size of its logits.
-pub fn sample_canvas_with(
-    logits: &[f32],
-    vocab: usize,
-    temperature: f64,
-    rng: &mut Rng,
-    scratch: &mut [f32],
-) -> Result<Vec<u32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     if temperature <= 0.0 {
         return argmax_canvas(logits, vocab);
     }
-    same_len(scratch.len(), logits.len(), "scratch")?;
-    let t = temperature as f32;
-    scratch
-        .par_chunks_mut(ELEMENTWISE_CHUNK)
-        .zip(logits.par_chunks(ELEMENTWISE_CHUNK))
-        .for_each(|(s, xs)| match temperature == 1.0 {
-            true => s.copy_from_slice(xs),
-            false => s.iter_mut().zip(xs).for_each(|(s, x)| *s = x / t),
-        });
-    rng.categorical_in_place(scratch, &[rows, vocab])
+    rng.categorical_scaled(logits, &[rows, vocab], temperature as f32)
 }
 
 /// `mx.logsumexp(logits, axis=-1)` per row.
 pub fn logsumexp_rows(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
     rows_of(logits, vocab, "logits")?;
-    Ok(logits
-        .par_chunks_exact(vocab)
-        .map(mlx_math::logsumexp)
+    Ok(dg_quant::mlx::max_sum_exp_rows(logits, vocab)
+        .into_iter()
+        .map(|(m, s)| mlx_math::logsumexp_of(m, s))
         .collect())
 }
 
@@ -214,10 +190,12 @@ pub fn logsumexp_rows(logits: &[f32], vocab: usize) -> Result<Vec<f32>> {
 pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Vec<f32>> {
     let rows = rows_of(logits, vocab, "logits")?;
     same_len(tokens.len(), rows, "tokens")?;
+    let lse = logsumexp_rows(logits, vocab)?;
     logits
-        .par_chunks_exact(vocab)
+        .chunks_exact(vocab)
         .zip(tokens)
-        .map(|(row, &t)| {
+        .zip(lse)
+        .map(|((row, &t), lse)| {
             let x = usize::try_from(t)
                 .ok()
                 .and_then(|t| row.get(t))
@@ -225,7 +203,7 @@ pub fn token_logprobs(logits: &[f32], vocab: usize, tokens: &[u32]) -> Result<Ve
                     name: "tokens",
                     reason: format!("token {t} is outside the vocabulary of {vocab}"),
                 })?;
-            Ok(x - mlx_math::logsumexp(row))
+            Ok(x - lse)
         })
         .collect()
 }
