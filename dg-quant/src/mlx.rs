@@ -486,6 +486,28 @@ mod tests {
     }
 
     #[test]
+    fn max_sum_exp_rows_are_each_row_alone() {
+        // 11 rows (a block of 8 and one of 3), 1031 wide (two whole column chunks and a
+        // tail); a NaN row, a -inf row and a row with +inf among ordinary ones.
+        let (rows, width) = (11, 1031);
+        let mut xs: Vec<f32> = (0..rows * width)
+            .map(|i| ((i * 37) % 101) as f32 * 0.37 - 20.0)
+            .collect();
+        xs[2 * width + 500] = f32::NAN;
+        xs[4 * width..5 * width].fill(f32::NEG_INFINITY);
+        xs[9 * width + 7] = f32::INFINITY;
+        let got = max_sum_exp_rows(&xs, width);
+        assert_eq!(got.len(), rows);
+        for (r, (row, &(m, s))) in xs.chunks_exact(width).zip(&got).enumerate() {
+            let want_m = max(row);
+            let want_s = sum_exp_shifted(row, want_m);
+            assert_eq!(m.to_bits(), want_m.to_bits(), "max of row {r}");
+            assert_eq!(s.to_bits(), want_s.to_bits(), "sum of row {r}");
+        }
+        assert!(max_sum_exp_rows(&xs, 0).is_empty());
+    }
+
+    #[test]
     fn softmax_rows_are_each_row_alone() {
         let (rows, width) = (5, 1031);
         let xs: Vec<f32> = (0..rows * width)
