@@ -260,10 +260,10 @@ pub fn categorical_with_key(key: Key, logits: &[f32], shape: &[usize]) -> Result
 /// divided logits anywhere.
 ///
 /// The Gumbel-max path hashes only the words that can matter: every Gumbel value is at most
-/// [`GUMBEL_BOUND`], so once one entry's noisy value `x_j + g_j` is known, an entry with
-/// `x_i + GUMBEL_BOUND < x_j + g_j` (in f32: rounding is monotone) cannot be the argmax. The
-/// answer is the reference's, with a few words hashed per row instead of the whole row when
-/// the logits are peaked (see [`gumbel_max_row`]).
+/// 17, so once one entry's noisy value `x_j + g_j` is known, an entry with
+/// `x_i + 17 < x_j + g_j` (in f32: rounding is monotone) cannot be the argmax. The answer is
+/// the reference's, with a few words hashed per row instead of the whole row when the logits
+/// are peaked.
 pub fn categorical_scaled_with_key(
     key: Key,
     logits: &[f32],
