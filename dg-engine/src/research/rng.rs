@@ -411,27 +411,15 @@ struct Best {
 }
 
 impl Best {
-    /// The argmax of `values`, the first of them at index `offset`.
-    fn of(values: impl Iterator<Item = f32>, offset: usize) -> Self {
-        let mut best = Best {
-            value: f32::NEG_INFINITY,
-            index: offset,
-            nan: false,
-        };
-        for (i, v) in values.enumerate() {
-            if v.is_nan() {
-                return Best {
-                    value: v,
-                    index: offset + i,
-                    nan: true,
-                };
-            }
-            if v > best.value {
-                best.value = v;
-                best.index = offset + i;
-            }
+    /// [`mlx_math::argmax`] of `values`, the first of them at index `offset`.
+    fn of(values: &[f32], offset: usize) -> Self {
+        let i = mlx_math::argmax(values);
+        let value = values.get(i).copied().unwrap_or(f32::NEG_INFINITY);
+        Best {
+            value,
+            index: offset + i,
+            nan: value.is_nan(),
         }
-        best
     }
 
     /// The argmax of two parts of one row, in whichever order they come.
@@ -486,10 +474,10 @@ fn dense_gumbel_max(
             let r = k / vocab;
             let stop = ((r + 1) * vocab).min(end);
             if dense[r] {
-                let noisy = logits[k..stop]
-                    .iter()
-                    .zip(&g[k - start..stop - start])
-                    .map(|(&l, &g)| scale(l) + -g);
+                let noisy = &mut g[k - start..stop - start];
+                for (v, &l) in noisy.iter_mut().zip(&logits[k..stop]) {
+                    *v = scale(l) + -*v;
+                }
                 out.push((r, Best::of(noisy, k - r * vocab)));
             }
             k = stop;
@@ -874,13 +862,13 @@ mod tests {
 
     #[test]
     fn best_joins_parts_as_one_argmax() {
-        let b = |value: f32, index| Best::of([value].into_iter(), index);
+        let b = |value: f32, index| Best::of(&[value], index);
         assert_eq!(b(1.0, 5).join(b(1.0, 2)).index, 2);
         assert_eq!(b(2.0, 5).join(b(1.0, 2)).index, 5);
         assert_eq!(b(f32::NAN, 7).join(b(3.0, 2)).index, 7);
         assert_eq!(b(f32::NAN, 7).join(b(f32::NAN, 4)).index, 4);
         let row = [1.0, 3.0, f32::NEG_INFINITY, 3.0];
-        assert_eq!(Best::of(row.into_iter(), 10).index, 11);
+        assert_eq!(Best::of(&row, 10).index, 11);
     }
 
     #[test]
