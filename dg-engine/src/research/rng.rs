@@ -306,8 +306,8 @@ pub fn categorical_scaled_with_key(
 const GUMBEL_BOUND: f32 = 17.0;
 
 /// A row hashes every word (the dense pass) once more than one entry in this many could
-/// still win: hashing words one by one costs about this many times more per word than
-/// hashing them in lanes.
+/// still win: a word hashed alone, with its two logs, costs about 9 times one hashed in lanes
+/// (docs/PERFORMANCE.md), so sparse rows stay well below the dense pass's cost.
 const DENSE_ROW_SHARE: usize = 16;
 
 /// `argmax(scale(logits) + gumbel)` per `vocab`-long row, `gumbel` the noise of one draw
