@@ -5,13 +5,13 @@
 //! self-conditioning (dg-core) and the sampler (dg-engine) share one softmax.
 //!
 //! The exps of a row run on the best kernels ([`exp_shifted`]: eight lanes with hardware
-//! fused multiply-adds where the CPU has them, the same bits as [`exp`]); the maxima and sums
-//! stay left to right, as MLX's, with the folds of several rows interleaved, and blocks of rows
-//! run in parallel ([`softmax_rows`]).
+//! fused multiply-adds where the CPU has them, the same bits as [`exp`]); the sums stay left to
+//! right, as MLX's, sixteen rows side by side (one lane each where the CPU has AVX-512), and
+//! blocks of rows run in parallel ([`softmax_rows`]).
 
 use rayon::prelude::*;
 
-use crate::kernels::{with_kernel, Kernel, Kernels};
+use crate::kernels::{with_kernel, Kernel, Kernels, View, SUM_ROWS};
 
 // The constants are spelled as in MLX's source; Rust rounds them to the same f32 values
 // (`1.442695f32` is `LOG2_E` rounded to f32, checked in the tests).
@@ -198,36 +198,23 @@ pub fn softmax(xs: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Rows whose max and sum folds run side by side: each row's fold stays left to right (MLX's
-/// order, the same bits), but independent chains hide the latency of one addition or
-/// comparison, which a single row's serial fold waits on at every element.
-const INTERLEAVED_ROWS: usize = 8;
+/// Rows whose sums run side by side ([`add_rows_in_order`]): each row's sum stays left to
+/// right (MLX's order, the same bits), one lane per row.
+const INTERLEAVED_ROWS: usize = SUM_ROWS;
 
-/// `f` folded from `init` left to right over each `width`-long row of `block` (whole rows, at
-/// most [`INTERLEAVED_ROWS`], `width > 0`), the rows' chains interleaved: one result per row
-/// of the block, in order (the entries past the block's rows are unspecified).
-fn fold_rows(
-    block: &[f32],
-    width: usize,
-    init: f32,
-    f: impl Fn(f32, f32) -> f32,
-) -> [f32; INTERLEAVED_ROWS] {
-    // Missing rows repeat the first, so the loop below has a fixed shape.
-    let rows: [&[f32]; INTERLEAVED_ROWS] = std::array::from_fn(|i| {
-        let start = if (i + 1) * width <= block.len() {
-            i * width
-        } else {
-            0
-        };
-        &block[start..start + width]
-    });
-    let mut acc = [init; INTERLEAVED_ROWS];
-    for j in 0..width {
-        for (a, row) in acc.iter_mut().zip(&rows) {
-            *a = f(*a, row[j]);
-        }
-    }
-    acc
+/// Columns per chunk of a block's exps: a block's chunk (16 KB) stays in L1 from its exps to
+/// their sums.
+const EXP_COLUMNS: usize = 256;
+
+/// Continues each row's left-to-right sum (`sums[r]`) over the `rows x cols` block of `xs`
+/// whose rows are `ld` apart, on the best kernels (at most [`INTERLEAVED_ROWS`] rows).
+fn add_rows_in_order(
+    xs: &[f32],
+    (rows, cols, ld): (usize, usize, usize),
+    sums: &mut [f32; SUM_ROWS],
+) {
+    let view = View::new(xs, rows, cols, ld);
+    with_kernel!(Kernels::best(), k => k.add_rows_in_order(view, sums));
 }
 
 /// [`max`] of a row as a softmax's shift, in 16 lanes (the compiler vectorizes them) instead
@@ -258,24 +245,37 @@ fn softmax_shift(row: &[f32]) -> f32 {
 /// [`softmax`] of the whole rows in `block` (at most [`INTERLEAVED_ROWS`]) into `out`, or in
 /// place when `xs` is `None`.
 fn softmax_block(xs: Option<&[f32]>, out: &mut [f32], width: usize) {
+    let rows = out.len() / width;
     let mut maxes = [0.0f32; INTERLEAVED_ROWS];
     for (m, row) in maxes.iter_mut().zip(xs.unwrap_or(out).chunks_exact(width)) {
         *m = softmax_shift(row);
     }
-    for (i, (row, &shift)) in out.chunks_exact_mut(width).zip(&maxes).enumerate() {
-        match xs {
-            Some(xs) => exp_shifted(&xs[i * width..(i + 1) * width], shift, row),
-            None => {
-                let mut buf = [0.0f32; 1024];
-                for chunk in row.chunks_mut(buf.len()) {
-                    let scores = &mut buf[..chunk.len()];
-                    scores.copy_from_slice(chunk);
-                    exp_shifted(scores, shift, chunk);
+    let mut sums = [0.0f32; SUM_ROWS];
+    match xs {
+        // Rows streamed from memory (the logits): whole rows, which the prefetchers follow
+        // (chunks of sixteen rows a few KB each measured twice as slow).
+        Some(xs) => {
+            for (row, (x, &shift)) in out
+                .chunks_exact_mut(width)
+                .zip(xs.chunks_exact(width).zip(&maxes))
+            {
+                exp_shifted(x, shift, row);
+            }
+            add_rows_in_order(out, (rows, width, width), &mut sums);
+        }
+        // Rows in the cache (a block of attention scores): a chunk of columns at a time, whose
+        // exps stay in L1 for their sums.
+        None => {
+            for c in (0..width).step_by(EXP_COLUMNS) {
+                let len = EXP_COLUMNS.min(width - c);
+                for (r, &shift) in maxes.iter().enumerate().take(rows) {
+                    let row = &mut out[r * width + c..r * width + c + len];
+                    with_kernel!(Kernels::best(), k => k.exp_shifted_in_place(row, shift));
                 }
+                add_rows_in_order(&out[c..], (rows, len, width), &mut sums);
             }
         }
     }
-    let sums = fold_rows(out, width, 0.0, |acc, e| acc + e);
     for (row, &s) in out.chunks_exact_mut(width).zip(&sums) {
         let inv = 1.0 / s;
         for v in row.iter_mut() {
@@ -306,7 +306,6 @@ pub fn softmax_rows(xs: &[f32], width: usize, out: &mut [f32]) {
 /// [`sum_exp_shifted`]); the max is the softmax's shift, which exponentiates to the same
 /// values.
 pub fn max_sum_exp_rows(xs: &[f32], width: usize) -> Vec<(f32, f32)> {
-    const COLUMNS: usize = 512;
     if width == 0 {
         return Vec::new();
     }
@@ -319,19 +318,15 @@ pub fn max_sum_exp_rows(xs: &[f32], width: usize) -> Vec<(f32, f32)> {
             for (m, row) in maxes.iter_mut().zip(block.chunks_exact(width)) {
                 *m = softmax_shift(row);
             }
-            let mut sums = [0.0f32; INTERLEAVED_ROWS];
-            let mut exps = [[0.0f32; COLUMNS]; INTERLEAVED_ROWS];
-            for c in (0..width).step_by(COLUMNS) {
-                let len = COLUMNS.min(width - c);
-                for (r, e) in exps.iter_mut().enumerate().take(rows) {
+            let mut sums = [0.0f32; SUM_ROWS];
+            let mut exps = [0.0f32; INTERLEAVED_ROWS * EXP_COLUMNS];
+            for c in (0..width).step_by(EXP_COLUMNS) {
+                let len = EXP_COLUMNS.min(width - c);
+                for (r, e) in exps.chunks_exact_mut(EXP_COLUMNS).enumerate().take(rows) {
                     let x = &block[r * width + c..r * width + c + len];
                     exp_shifted(x, maxes[r], &mut e[..len]);
                 }
-                for j in 0..len {
-                    for (s, e) in sums.iter_mut().zip(&exps).take(rows) {
-                        *s += e[j];
-                    }
-                }
+                add_rows_in_order(&exps, (rows, len, EXP_COLUMNS), &mut sums);
             }
             (0..rows).map(move |r| (maxes[r], sums[r]))
         })

@@ -152,6 +152,10 @@ macro_rules! with_kernel {
 }
 pub(crate) use with_kernel;
 
+/// Rows whose sums [`Kernel::add_rows_in_order`] continues side by side: one 16-lane register
+/// holds a lane per row, so each row's serial chain of additions runs in its own lane.
+pub(crate) const SUM_ROWS: usize = 16;
+
 /// The kernels every strategy runs, bit-identical on every implementation.
 pub(crate) trait Kernel: Copy + Send + Sync {
     /// One dequantized row of `out.len()` elements, `f32(f32(scale * q) + bias)` as MLX.
@@ -168,6 +172,14 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// `out[i] = mlx::exp(xs[i] - shift)`, MLX's CPU exp bit for bit (`xs` and `out` of equal
     /// length).
     fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]);
+
+    /// [`Kernel::exp_shifted`] of `xs` into itself.
+    fn exp_shifted_in_place(self, xs: &mut [f32], shift: f32);
+
+    /// Each row's sum continued left to right (MLX's reduction order): `sums[r] = ((sums[r] +
+    /// rows[r][0]) + rows[r][1]) + ...` for `r < rows.rows()` (at most [`SUM_ROWS`]); the
+    /// sums past the rows are unspecified.
+    fn add_rows_in_order(self, rows: View<'_>, sums: &mut [f32; SUM_ROWS]);
 
     /// `xs[i] = mlx::log(xs[i])`, glibc's `logf` bit for bit.
     fn log_in_place(self, xs: &mut [f32]);
@@ -729,6 +741,61 @@ mod tests {
                     let mut got = vec![0.0; n];
                     with_kernel!(k, k => k.exp_shifted(x, shift, &mut got));
                     assert_eq!(bits(&got), bits(&want), "{k}: n {n}, shift {shift}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_exps_in_place_as_out_of_place() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        let mut xs: Vec<f32> = (0..300).map(|_| rng.gen_range(-100.0f32..100.0)).collect();
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            88.000_01,
+            -88.000_01,
+        ]);
+        for n in [0usize, 1, 7, 8, 9, 16, 17, 33, xs.len()] {
+            let mut want = vec![0.0; n];
+            Scalar.exp_shifted(&xs[..n], 1.5, &mut want);
+            for k in Kernels::available() {
+                let mut got = xs[..n].to_vec();
+                with_kernel!(k, k => k.exp_shifted_in_place(&mut got, 1.5));
+                assert_eq!(bits(&got), bits(&want), "{k}: n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_adds_each_row_left_to_right() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        // Magnitudes far apart, so any other order of the additions rounds differently.
+        let ld = 301;
+        let mut xs: Vec<f32> = (0..SUM_ROWS * ld)
+            .map(|i| rng.gen_range(-1.0f32..1.0) * [1e-4, 1.0, 1e4][i % 3])
+            .collect();
+        // One row turns NaN midway, one meets +inf and -inf.
+        xs[3 * ld + 40] = f32::NAN;
+        xs[5 * ld + 17] = f32::INFINITY;
+        xs[5 * ld + 200] = f32::NEG_INFINITY;
+        for rows in [1usize, 5, 15, SUM_ROWS] {
+            for cols in [0usize, 1, 15, 16, 17, 47, 256, ld] {
+                let start: [f32; SUM_ROWS] = std::array::from_fn(|r| r as f32 * 0.37);
+                let view = View::new(&xs, rows, cols, ld);
+                for k in Kernels::available() {
+                    let mut got = start;
+                    with_kernel!(k, k => k.add_rows_in_order(view, &mut got));
+                    for r in 0..rows {
+                        let row = &xs[r * ld..r * ld + cols];
+                        let want = row.iter().fold(start[r], |s, &x| s + x);
+                        assert_eq!(
+                            got[r].to_bits(),
+                            want.to_bits(),
+                            "{k}: row {r} of {rows}, {cols} columns"
+                        );
+                    }
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use half::bf16;
 
-use super::{check_product, GroupParams, Kernel, PanelKernel, View, ViewMut};
+use super::{check_product, GroupParams, Kernel, PanelKernel, View, ViewMut, SUM_ROWS};
 use crate::format::QRow;
 
 /// The portable kernels (every CPU has them).
@@ -45,6 +45,28 @@ impl Kernel for Scalar {
         assert_eq!(xs.len(), out.len(), "exp_shifted: lengths differ");
         for (o, &x) in out.iter_mut().zip(xs) {
             *o = crate::mlx::exp(x - shift);
+        }
+    }
+
+    fn exp_shifted_in_place(self, xs: &mut [f32], shift: f32) {
+        for x in xs {
+            *x = crate::mlx::exp(*x - shift);
+        }
+    }
+
+    fn add_rows_in_order(self, rows: View<'_>, sums: &mut [f32; SUM_ROWS]) {
+        let n = rows.rows();
+        assert!(n <= SUM_ROWS, "add_rows_in_order: {n} rows");
+        if n == 0 {
+            return;
+        }
+        // A fixed shape (missing rows repeat the first), so the rows' chains interleave and
+        // hide the latency of each addition.
+        let row: [usize; SUM_ROWS] = std::array::from_fn(|r| if r < n { r } else { 0 });
+        for j in 0..rows.cols() {
+            for (s, &r) in sums.iter_mut().zip(&row) {
+                *s += rows.at(r, j);
+            }
         }
     }
 

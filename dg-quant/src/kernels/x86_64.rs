@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::{check_product, register_tile, Kernel, Scalar, Tile, View, ViewMut};
+use super::{check_product, register_tile, Kernel, Scalar, Tile, View, ViewMut, SUM_ROWS};
 use crate::format::QRow;
 
 /// The AVX2 + FMA kernels: a value exists only on a CPU with both features.
@@ -124,6 +124,18 @@ impl Kernel for Avx2Fma {
         for (o, &x) in out[n..].iter_mut().zip(&xs[n..]) {
             *o = crate::mlx::exp(x - shift);
         }
+    }
+
+    fn exp_shifted_in_place(self, xs: &mut [f32], shift: f32) {
+        let n = xs.len() / 8 * 8;
+        // SAFETY: AVX2/FMA present (`self`); the body reads and writes xs[..n], each vector
+        // loaded before it is stored.
+        unsafe { exp_shifted_avx2(xs.as_ptr(), shift, xs.as_mut_ptr(), n) };
+        Scalar.exp_shifted_in_place(&mut xs[n..], shift);
+    }
+
+    fn add_rows_in_order(self, rows: View<'_>, sums: &mut [f32; SUM_ROWS]) {
+        Scalar.add_rows_in_order(rows, sums)
     }
 
     fn log_in_place(self, xs: &mut [f32]) {

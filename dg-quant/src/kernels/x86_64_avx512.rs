@@ -18,8 +18,8 @@ use std::arch::x86_64::*;
 use half::bf16;
 
 use super::{
-    check_product, register_tile, Avx2Fma, GroupParams, Kernel, Lines, PanelKernel, Tile, View,
-    ViewMut,
+    check_product, register_tile, Avx2Fma, GroupParams, Kernel, Lines, PanelKernel, Scalar, Tile,
+    View, ViewMut, SUM_ROWS,
 };
 use crate::format::QRow;
 
@@ -146,6 +146,29 @@ unsafe fn exp_shifted_avx512(xs: *const f32, shift: f32, out: *mut f32, n: usize
     }
 }
 
+/// [`Avx512::add_rows_in_order`] over the first `cols` (a multiple of 16) values of each row.
+///
+/// # Safety
+/// AVX-512F available; each of `rows` valid for `cols` values.
+#[target_feature(enable = "avx512f")]
+unsafe fn add_rows_avx512(rows: [*const f32; SUM_ROWS], cols: usize, sums: &mut [f32; SUM_ROWS]) {
+    // SAFETY: `sums` holds 16 values.
+    let mut acc = unsafe { _mm512_loadu_ps(sums.as_ptr()) };
+    for c in (0..cols).step_by(16) {
+        // A loop, not a closure: a closure would not inherit the target features.
+        let mut block = [_mm512_setzero_si512(); SUM_ROWS];
+        for (b, r) in block.iter_mut().zip(rows) {
+            // SAFETY: c + 16 <= cols, inside every row (caller's contract).
+            *b = _mm512_castps_si512(unsafe { _mm512_loadu_ps(r.add(c)) });
+        }
+        for column in transpose_16x16(block) {
+            acc = _mm512_add_ps(acc, _mm512_castsi512_ps(column));
+        }
+    }
+    // SAFETY: as the first load.
+    unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), acc) };
+}
+
 /// Rows of `lhs` per register tile of `tiles` (6 x 2 accumulators).
 const TILE_ROWS: usize = 6;
 
@@ -160,6 +183,33 @@ impl Kernel for Avx512 {
         // SAFETY: AVX-512F present (`self`); the body reads xs[..n] and writes out[..n].
         unsafe { exp_shifted_avx512(xs.as_ptr(), shift, out.as_mut_ptr(), n) };
         self.avx2.exp_shifted(&xs[n..], shift, &mut out[n..])
+    }
+
+    fn exp_shifted_in_place(self, xs: &mut [f32], shift: f32) {
+        let n = xs.len() / 16 * 16;
+        // SAFETY: AVX-512F present (`self`); the body reads and writes xs[..n], each vector
+        // loaded before it is stored.
+        unsafe { exp_shifted_avx512(xs.as_ptr(), shift, xs.as_mut_ptr(), n) };
+        self.avx2.exp_shifted_in_place(&mut xs[n..], shift)
+    }
+
+    /// Sixteen columns at a time: the `16 x 16` block transposed in registers, so lane `r` of
+    /// each transposed vector is row `r`'s next value, and one vector of sums takes them in
+    /// column order.
+    fn add_rows_in_order(self, rows: View<'_>, sums: &mut [f32; SUM_ROWS]) {
+        let (n, cols) = (rows.rows(), rows.cols());
+        assert!(n <= SUM_ROWS, "add_rows_in_order: {n} rows");
+        if n == 0 {
+            return;
+        }
+        let whole = cols / 16 * 16;
+        // Missing rows repeat the first: their lanes are unspecified sums.
+        let starts: [*const f32; SUM_ROWS] =
+            std::array::from_fn(|r| rows.ptr(if r < n { r } else { 0 }, 0));
+        // SAFETY: AVX-512F present (`self`); every start holds `whole <= cols` values (the
+        // view was checked to fit its slice).
+        unsafe { add_rows_avx512(starts, whole, sums) };
+        Scalar.add_rows_in_order(rows.block((0, whole), (n, cols - whole)), sums)
     }
 
     fn log_in_place(self, xs: &mut [f32]) {

@@ -18,6 +18,10 @@ use crate::QuantError;
 const STRIP: usize = 32;
 /// Keys per step: a strip of values (16 KB) stays in L1 while the tiles sweep the rows.
 const KEY_STEP: usize = 128;
+/// Value rows whose byte stride is a multiple of this fall into few L1 sets, so the tiles read
+/// a contiguous copy of each step's strip; other strides (the vision tower's 72-wide heads)
+/// spread over the sets and are read in place.
+const ALIASING_STRIDE: usize = 256;
 /// Work (multiply-adds) above which the strips spread over the current pool.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
@@ -67,18 +71,23 @@ pub(crate) fn attention_values_on(
         out.fill(0.0);
         return;
     }
+    let in_place = !(n * std::mem::size_of::<f32>()).is_multiple_of(ALIASING_STRIDE);
     with_kernel!(kernels, kern => column_panels(out, (m, n), STRIP, parallel, |mut panel| {
         let (c0, w) = (panel.start(), panel.width());
         with_buffer(KEY_STEP * w + m * w, |buf| {
             let (strip, acc) = buf.split_at_mut(KEY_STEP * w);
             for k0 in (0..k).step_by(KEY_STEP) {
                 let kc = KEY_STEP.min(k - k0);
-                for (j, dst) in strip.chunks_exact_mut(w).take(kc).enumerate() {
-                    let at = (k0 + j) * n + c0;
-                    dst.copy_from_slice(&values[at..at + w]);
-                }
+                let v = if in_place {
+                    View::new(&values[k0 * n + c0..], kc, w, n)
+                } else {
+                    for (j, dst) in strip.chunks_exact_mut(w).take(kc).enumerate() {
+                        let at = (k0 + j) * n + c0;
+                        dst.copy_from_slice(&values[at..at + w]);
+                    }
+                    View::new(&strip[..kc * w], kc, w, w)
+                };
                 let p = View::new(&probs[k0..], m, kc, k);
-                let v = View::new(&strip[..kc * w], kc, w, w);
                 let o = ViewMut::new(acc, m, w, w);
                 tiles_any_width(kern, p, v, o, k0 > 0);
             }
