@@ -157,15 +157,14 @@ pub fn support(p: &[f32], a: &[f32]) -> Support {
     if kept > p.len() / DENSE_FRACTION {
         return Support::Dense;
     }
-    // Exactly `kept` entries pass. Each index is written and the end moves only past the kept
-    // ones: whether an entry is kept follows no pattern a branch predictor could learn.
-    let mut indices = vec![0u32; kept + 1];
-    let mut end = 0;
-    for (i, (&v, &a)) in p.iter().zip(a).enumerate() {
-        indices[end.min(kept)] = i as u32;
-        end += usize::from((v != 0.0) & (bucket(v, a).0 >= cut));
-    }
-    indices.truncate(kept);
+    let mut indices = Vec::with_capacity(kept);
+    indices.extend(
+        p.iter()
+            .zip(a)
+            .enumerate()
+            .filter(|&(_, (&v, &a))| v != 0.0 && bucket(v, a).0 >= cut)
+            .map(|(i, _)| i as u32),
+    );
     Support::Sparse {
         kept: indices,
         skipped_weight: skipped,
