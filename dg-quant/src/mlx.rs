@@ -221,29 +221,12 @@ fn add_rows_in_order(
     with_kernel!(Kernels::best(), k => k.add_rows_in_order(view, sums));
 }
 
-/// [`max`] of a row as a softmax's shift, in 16 lanes (the compiler vectorizes them) instead
-/// of one serial fold. Without NaNs the maximum does not depend on the order, except which of
+/// [`max`] of a row as a softmax's shift, compared in any order on the best kernels
+/// ([`Kernel::max_unordered`]) instead of one serial fold. Without NaNs the maximum does not depend on the order, except which of
 /// `+0` and `-0` wins, and `exp(x - 0)` and `exp(x + 0)` agree for every `x` (both zeros give
 /// `exp(±0) = 1`): the same exps, the same bits. A row with a NaN takes the serial fold.
 fn softmax_shift(row: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut unordered = [false; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for ((m, u), &x) in lanes.iter_mut().zip(&mut unordered).zip(chunk) {
-            *u |= x.is_nan();
-            *m = if x > *m { x } else { *m };
-        }
-    }
-    if unordered.contains(&true) || tail.iter().any(|x| x.is_nan()) {
-        return max(row);
-    }
-    lanes
-        .iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    with_kernel!(Kernels::best(), k => k.max_unordered(row)).unwrap_or_else(|| max(row))
 }
 
 /// [`softmax`] of the whole rows in `block` (at most [`INTERLEAVED_ROWS`]) into `out`, or in
@@ -281,10 +264,7 @@ fn softmax_block(xs: Option<&[f32]>, out: &mut [f32], width: usize) {
         }
     }
     for (row, &s) in out.chunks_exact_mut(width).zip(&sums) {
-        let inv = 1.0 / s;
-        for v in row.iter_mut() {
-            *v *= inv;
-        }
+        with_kernel!(Kernels::best(), k => k.scale(1.0 / s, row));
     }
 }
 

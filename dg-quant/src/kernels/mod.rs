@@ -176,6 +176,13 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// [`Kernel::exp_shifted`] of `xs` into itself.
     fn exp_shifted_in_place(self, xs: &mut [f32], shift: f32);
 
+    /// The largest of `xs` compared in any order (`-inf` when empty; `+0` and `-0` count as
+    /// equal, so either may come back), or `None` if one is NaN.
+    fn max_unordered(self, xs: &[f32]) -> Option<f32>;
+
+    /// `xs[i] *= a`.
+    fn scale(self, a: f32, xs: &mut [f32]);
+
     /// Each row's sum continued left to right (MLX's reduction order): `sums[r] = ((sums[r] +
     /// rows[r][0]) + rows[r][1]) + ...` for `r < rows.rows()` (at most [`SUM_ROWS`]); the
     /// sums past the rows are unspecified.
@@ -765,6 +772,50 @@ mod tests {
                 with_kernel!(k, k => k.exp_shifted_in_place(&mut got, 1.5));
                 assert_eq!(bits(&got), bits(&want), "{k}: n {n}");
             }
+        }
+    }
+
+    #[test]
+    fn every_kernel_finds_the_max_and_scales_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+        let xs: Vec<f32> = (0..300).map(|_| rng.gen_range(-50.0f32..50.0)).collect();
+        let serial = |xs: &[f32]| xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        for n in [0usize, 1, 15, 16, 17, 31, 32, 33, 48, 300] {
+            for special in [
+                None,
+                Some(f32::NAN),
+                Some(f32::INFINITY),
+                Some(f32::NEG_INFINITY),
+            ] {
+                for at in [0, n / 2, n.saturating_sub(1)] {
+                    let mut x = xs[..n].to_vec();
+                    if let (Some(v), true) = (special, n > 0) {
+                        x[at] = v;
+                    }
+                    let want = match x.iter().any(|v| v.is_nan()) {
+                        true => None,
+                        false => Some(serial(&x)),
+                    };
+                    let mut scaled = x.clone();
+                    Scalar.scale(0.37, &mut scaled);
+                    for k in Kernels::available() {
+                        let got = with_kernel!(k, k => k.max_unordered(&x));
+                        assert_eq!(got, want, "{k}: n {n}, {special:?} at {at}");
+                        let mut s = x.clone();
+                        with_kernel!(k, k => k.scale(0.37, &mut s));
+                        assert_eq!(bits(&s), bits(&scaled), "{k}: scale, n {n}");
+                    }
+                }
+            }
+        }
+        // Zeros of both signs compare equal: either may come back.
+        let zeros = [-0.0f32, 0.0, -1.0].repeat(20);
+        for k in Kernels::available() {
+            assert_eq!(
+                with_kernel!(k, k => k.max_unordered(&zeros)),
+                Some(0.0),
+                "{k}"
+            );
         }
     }
 

@@ -54,6 +54,32 @@ impl Kernel for Scalar {
         }
     }
 
+    /// In sixteen lanes (which the compiler vectorizes), then across them.
+    fn max_unordered(self, xs: &[f32]) -> Option<f32> {
+        const LANES: usize = 16;
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let mut unordered = [false; LANES];
+        let chunks = xs.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for chunk in chunks {
+            for ((m, u), &x) in lanes.iter_mut().zip(&mut unordered).zip(chunk) {
+                *u |= x.is_nan();
+                *m = if x > *m { x } else { *m };
+            }
+        }
+        if unordered.contains(&true) || tail.iter().any(|x| x.is_nan()) {
+            return None;
+        }
+        let max = lanes.iter().chain(tail);
+        Some(max.fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m }))
+    }
+
+    fn scale(self, a: f32, xs: &mut [f32]) {
+        for x in xs {
+            *x *= a;
+        }
+    }
+
     fn add_rows_in_order(self, rows: View<'_>, sums: &mut [f32; SUM_ROWS]) {
         let n = rows.rows();
         assert!(n <= SUM_ROWS, "add_rows_in_order: {n} rows");

@@ -134,6 +134,14 @@ impl Kernel for Avx2Fma {
         Scalar.exp_shifted_in_place(&mut xs[n..], shift);
     }
 
+    fn max_unordered(self, xs: &[f32]) -> Option<f32> {
+        Scalar.max_unordered(xs)
+    }
+
+    fn scale(self, a: f32, xs: &mut [f32]) {
+        Scalar.scale(a, xs)
+    }
+
     fn add_rows_in_order(self, rows: View<'_>, sums: &mut [f32; SUM_ROWS]) {
         Scalar.add_rows_in_order(rows, sums)
     }

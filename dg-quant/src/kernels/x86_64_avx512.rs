@@ -146,6 +146,49 @@ unsafe fn exp_shifted_avx512(xs: *const f32, shift: f32, out: *mut f32, n: usize
     }
 }
 
+/// The largest of the first `n` (a multiple of 16) values at `xs` (`-inf` if none), and
+/// whether one of them is NaN (then the largest is unspecified).
+///
+/// # Safety
+/// AVX-512F available; `xs` valid for `n` values.
+#[target_feature(enable = "avx512f")]
+unsafe fn max_avx512(xs: *const f32, n: usize) -> (f32, bool) {
+    // Two chains, so that each comparison's latency hides behind the other's.
+    let (mut m0, mut m1) = (
+        _mm512_set1_ps(f32::NEG_INFINITY),
+        _mm512_set1_ps(f32::NEG_INFINITY),
+    );
+    let mut nan: __mmask16 = 0;
+    let pairs = n / 32 * 32;
+    for i in (0..pairs).step_by(32) {
+        // SAFETY: i + 32 <= n (caller's contract).
+        let (x0, x1) = unsafe { (_mm512_loadu_ps(xs.add(i)), _mm512_loadu_ps(xs.add(i + 16))) };
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x0, x1);
+        m0 = _mm512_max_ps(m0, x0);
+        m1 = _mm512_max_ps(m1, x1);
+    }
+    if pairs < n {
+        // SAFETY: pairs + 16 == n (caller's contract).
+        let x = unsafe { _mm512_loadu_ps(xs.add(pairs)) };
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        m0 = _mm512_max_ps(m0, x);
+    }
+    (_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)), nan != 0)
+}
+
+/// `xs[i] *= a` for the first `n` (a multiple of 16) values.
+///
+/// # Safety
+/// AVX-512F available; `xs` valid for reads and writes of `n` values.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_avx512(a: f32, xs: *mut f32, n: usize) {
+    let av = _mm512_set1_ps(a);
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n (caller's contract).
+        unsafe { _mm512_storeu_ps(xs.add(i), _mm512_mul_ps(av, _mm512_loadu_ps(xs.add(i)))) };
+    }
+}
+
 /// [`Avx512::add_rows_in_order`] over the first `cols` (a multiple of 16) values of each row.
 ///
 /// # Safety
@@ -191,6 +234,21 @@ impl Kernel for Avx512 {
         // loaded before it is stored.
         unsafe { exp_shifted_avx512(xs.as_ptr(), shift, xs.as_mut_ptr(), n) };
         self.avx2.exp_shifted_in_place(&mut xs[n..], shift)
+    }
+
+    fn max_unordered(self, xs: &[f32]) -> Option<f32> {
+        let n = xs.len() / 16 * 16;
+        // SAFETY: AVX-512F present (`self`); the body reads xs[..n].
+        let (max, unordered) = unsafe { max_avx512(xs.as_ptr(), n) };
+        let tail = Scalar.max_unordered(&xs[n..])?;
+        (!unordered).then_some(if tail > max { tail } else { max })
+    }
+
+    fn scale(self, a: f32, xs: &mut [f32]) {
+        let n = xs.len() / 16 * 16;
+        // SAFETY: AVX-512F present (`self`); the body reads and writes xs[..n].
+        unsafe { scale_avx512(a, xs.as_mut_ptr(), n) };
+        Scalar.scale(a, &mut xs[n..])
     }
 
     /// Sixteen columns at a time: the `16 x 16` block transposed in registers, so lane `r` of
