@@ -63,6 +63,8 @@ const DENSE_FRACTION: usize = 8;
 const REDUCE_ROWS: usize = 8192;
 /// Output columns per task of the gathered product (a multiple of every group size).
 const BLOCK_COLS: usize = 256;
+/// Rows of `W` the gathered product holds dequantized at once (64 x 256 f32: 64 KB, in L2).
+const VOCAB_BLOCK: usize = 64;
 
 /// Which entries of one probability row the sparse product reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -224,7 +226,7 @@ pub fn matmul_sparse(
     let kept: usize = sparse.iter().map(|(_, k)| k.len()).sum();
     if !sparse.is_empty() {
         let kernels = w.plan(Product::XW).kernels();
-        let os = with_kernel!(kernels, k => gathered_product(k, x, w, &sparse, kept));
+        let os = with_kernel!(kernels, k => gathered_product(k, x, w, &sparse));
         for (&(i, _), o) in sparse.iter().zip(os.chunks_exact(cols)) {
             out[i * cols..(i + 1) * cols].copy_from_slice(o);
         }
@@ -237,63 +239,128 @@ pub fn matmul_sparse(
 }
 
 /// `[sparse.len(), cols]`: row `j` is `sum_{v in kept_j} x[i_j, v] * W[v, :]`, in ascending
-/// `v`. The kept entries are regrouped by `v` (a counting sort), so each column block
-/// dequantizes every needed row of `W` once.
+/// `v`. The used rows of `W` go in blocks of `VOCAB_BLOCK`, each dequantized once per column
+/// block; an output row's accumulator stays in registers over its entries of a block
+/// ([`Kernel::fma_terms`]), the same fmas in the same order as one `axpy` per entry.
 fn gathered_product(
     kern: impl Kernel,
     x: &[f32],
     w: &QMatrix,
     sparse: &[(usize, &[u32])],
-    total: usize,
 ) -> Vec<f32> {
-    let mut start = vec![0u32; w.rows + 1];
+    let mut is_used = vec![false; w.rows];
     for (_, kept) in sparse {
         for &v in *kept {
-            start[v as usize + 1] += 1;
-        }
-    }
-    for v in 0..w.rows {
-        start[v + 1] += start[v];
-    }
-    let mut fill = start.clone();
-    let mut entries = vec![(0u32, 0.0f32); total];
-    for (j, &(i, kept)) in sparse.iter().enumerate() {
-        let row = &x[i * w.rows..(i + 1) * w.rows];
-        for &v in kept {
-            let at = &mut fill[v as usize];
-            entries[*at as usize] = (j as u32, row[v as usize]);
-            *at += 1;
+            is_used[v as usize] = true;
         }
     }
     let used: Vec<u32> = (0..w.rows as u32)
-        .filter(|&v| start[v as usize + 1] > start[v as usize])
+        .filter(|&v| is_used[v as usize])
         .collect();
+    let blocks = vocab_blocks(x, w.rows, sparse, &used);
     let (n, cols) = (sparse.len(), w.cols);
     let mut out = vec![0.0f32; n * cols];
     column_panels(&mut out, (n, cols), BLOCK_COLS, true, |mut panel| {
         let (c0, cw) = (panel.start(), panel.width());
         let mut acc = vec![0.0f32; n * cw];
         let mut sum = vec![0.0f32; n * cw];
-        let mut e = vec![0.0f32; cw];
-        let mut chunk = 0;
-        for &v in &used {
-            let v = v as usize;
-            if v / REDUCE_ROWS != chunk {
-                chunk = v / REDUCE_ROWS;
+        let mut rows = vec![0.0f32; VOCAB_BLOCK * cw];
+        for block in &blocks {
+            let vocab = &used[block.first..block.first + block.len];
+            for (&v, e) in vocab.iter().zip(rows.chunks_exact_mut(cw)) {
+                kern.dequant_row(w.row(v as usize).part(c0, c0 + cw), e);
+            }
+            for &(j, t0, t1) in &block.rows {
+                let j = j as usize;
+                let terms = &block.terms[t0 as usize..t1 as usize];
+                kern.fma_terms(
+                    terms,
+                    &rows[..block.len * cw],
+                    &mut acc[j * cw..(j + 1) * cw],
+                );
+            }
+            if block.ends_chunk {
                 flush(&mut acc, &mut sum);
             }
-            kern.dequant_row(w.row(v).part(c0, c0 + cw), &mut e);
-            for &(j, p) in &entries[start[v] as usize..start[v + 1] as usize] {
-                let j = j as usize;
-                kern.axpy(p, &e, &mut acc[j * cw..(j + 1) * cw]);
-            }
         }
-        flush(&mut acc, &mut sum);
         for j in 0..n {
             panel.row_mut(j).copy_from_slice(&sum[j * cw..(j + 1) * cw]);
         }
     });
     out
+}
+
+/// Up to `VOCAB_BLOCK` consecutive used rows of `W`, all in one `REDUCE_ROWS` chunk, and the
+/// kept entries that read them, by output row.
+struct VocabBlock {
+    /// Index of the block's first row in the used rows.
+    first: usize,
+    len: usize,
+    /// The last block of its chunk: the partial sums are added to the totals after it.
+    ends_chunk: bool,
+    /// `(output row, start, end)` into `terms`, for every output row with entries here.
+    rows: Vec<(u32, u32, u32)>,
+    /// `(index into the block's rows, probability)`, each output row's in ascending `v`.
+    terms: Vec<(u32, f32)>,
+}
+
+/// The used rows (ascending) in blocks, with each output row's entries per block (each row's
+/// kept indices are ascending, so a block's share of them is one slice).
+fn vocab_blocks(
+    x: &[f32],
+    width: usize,
+    sparse: &[(usize, &[u32])],
+    used: &[u32],
+) -> Vec<VocabBlock> {
+    let mut spans = Vec::new();
+    let mut first = 0;
+    while first < used.len() {
+        let chunk = used[first] as usize / REDUCE_ROWS;
+        let mut end = first + 1;
+        while end < used.len()
+            && end - first < VOCAB_BLOCK
+            && used[end] as usize / REDUCE_ROWS == chunk
+        {
+            end += 1;
+        }
+        let ends_chunk = end == used.len() || used[end] as usize / REDUCE_ROWS != chunk;
+        spans.push((first, end - first, ends_chunk));
+        first = end;
+    }
+    spans
+        .into_par_iter()
+        .map(|(first, len, ends_chunk)| {
+            let vocab = &used[first..first + len];
+            let (lo, hi) = (vocab[0], vocab[len - 1]);
+            let (mut rows, mut terms) = (Vec::new(), Vec::new());
+            for (j, &(i, kept)) in sparse.iter().enumerate() {
+                let (a, b) = (
+                    kept.partition_point(|&v| v < lo),
+                    kept.partition_point(|&v| v <= hi),
+                );
+                if a == b {
+                    continue;
+                }
+                let t0 = terms.len() as u32;
+                let p = &x[i * width..(i + 1) * width];
+                let mut local = 0;
+                for &v in &kept[a..b] {
+                    while vocab[local] != v {
+                        local += 1;
+                    }
+                    terms.push((local as u32, p[v as usize]));
+                }
+                rows.push((j as u32, t0, terms.len() as u32));
+            }
+            VocabBlock {
+                first,
+                len,
+                ends_chunk,
+                rows,
+                terms,
+            }
+        })
+        .collect()
 }
 
 /// `sum += acc; acc = 0` (one chunk's partial sums into the running total).
@@ -348,6 +415,80 @@ mod tests {
             kept,
             skipped_weight: skipped,
             budget,
+        }
+    }
+
+    /// The gathered product as one `axpy` per kept entry, in ascending `v`, the partial sums
+    /// added at every `REDUCE_ROWS` boundary: the plain statement of what `gathered_product`
+    /// computes.
+    fn gathered_by_axpy(x: &[f32], w: &QMatrix, sparse: &[(usize, &[u32])]) -> Vec<f32> {
+        let cols = w.cols;
+        let mut acc = vec![0.0f32; sparse.len() * cols];
+        let mut sum = acc.clone();
+        let mut e = vec![0.0f32; cols];
+        for chunk in 0..w.rows.div_ceil(REDUCE_ROWS) {
+            for v in chunk * REDUCE_ROWS..((chunk + 1) * REDUCE_ROWS).min(w.rows) {
+                crate::kernels::Scalar.dequant_row(w.row(v), &mut e);
+                for (j, &(i, kept)) in sparse.iter().enumerate() {
+                    if kept.binary_search(&(v as u32)).is_ok() {
+                        let p = x[i * w.rows + v];
+                        let a = &mut acc[j * cols..(j + 1) * cols];
+                        crate::kernels::Scalar.axpy(p, &e, a);
+                    }
+                }
+            }
+            flush(&mut acc, &mut sum);
+        }
+        sum
+    }
+
+    #[test]
+    fn gathered_product_is_one_axpy_per_entry_in_vocabulary_order() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let spec = crate::QuantSpec::new(4, 64).unwrap();
+        // Three REDUCE_ROWS chunks, a full and a partial column block.
+        let (rows, cols) = (2 * REDUCE_ROWS + 3000, 320);
+        let packed: Vec<u32> = (0..rows * spec.words_per_row(cols))
+            .map(|_| rng.gen())
+            .collect();
+        let params = |rng: &mut StdRng, scale: f32| -> Vec<crate::bf16> {
+            (0..rows * cols / 64)
+                .map(|_| crate::bf16::from_f32(rng.gen_range(-1.0f32..1.0) * scale))
+                .collect()
+        };
+        let (scales, biases) = (params(&mut rng, 0.01), params(&mut rng, 0.05));
+        let w = QMatrix::new(&packed, &scales, &biases, rows, cols, spec).unwrap();
+        let m = 6;
+        let x: Vec<f32> = (0..m * rows)
+            .map(|_| rng.gen_range(0.0f32..1.0).powi(8))
+            .collect();
+        // Kept sets from dense runs (more than a block of 64 used rows in a row) to a few
+        // scattered entries, one row keeping nothing, one row not taking part.
+        let kept: Vec<Vec<u32>> = vec![
+            (0..rows as u32)
+                .filter(|v| v % 97 == 0 || (9000..9300).contains(v))
+                .collect(),
+            (0..rows as u32).filter(|v| v % 1013 == 5).collect(),
+            Vec::new(),
+            (0..rows as u32).filter(|_| rng.gen_ratio(1, 40)).collect(),
+            (8100..8300).collect(),
+        ];
+        let sparse: Vec<(usize, &[u32])> = [0usize, 1, 2, 4, 5]
+            .iter()
+            .zip(&kept)
+            .map(|(&i, k)| (i, k.as_slice()))
+            .collect();
+        let want = gathered_by_axpy(&x, &w, &sparse);
+        for kernels in crate::Kernels::available() {
+            let got = with_kernel!(kernels, k => gathered_product(k, &x, &w, &sparse));
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{kernels}: the gathered product differs from one axpy per entry"
+            );
         }
     }
 

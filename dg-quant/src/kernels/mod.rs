@@ -169,6 +169,16 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// `y[i] = fma(a, x[i], y[i])` (`x` and `y` of equal length).
     fn axpy(self, a: f32, x: &[f32], y: &mut [f32]);
 
+    /// [`Kernel::axpy`] of every `(r, p)` of `terms` in order: `acc += p * rows[r]`, one fma
+    /// per element, row `r` of `rows` being `rows[r * w..(r + 1) * w]` with `w = acc.len()`
+    /// (every `r` in range).
+    fn fma_terms(self, terms: &[(u32, f32)], rows: &[f32], acc: &mut [f32]) {
+        let w = acc.len();
+        for &(r, p) in terms {
+            self.axpy(p, &rows[r as usize * w..(r as usize + 1) * w], acc);
+        }
+    }
+
     /// `out[i] = mlx::exp(xs[i] - shift)`, MLX's CPU exp bit for bit (`xs` and `out` of equal
     /// length).
     fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]);
@@ -748,6 +758,30 @@ mod tests {
                     let mut got = vec![0.0; n];
                     with_kernel!(k, k => k.exp_shifted(x, shift, &mut got));
                     assert_eq!(bits(&got), bits(&want), "{k}: n {n}, shift {shift}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_fmas_terms_as_one_axpy_each() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        for w in [256usize, 64, 40] {
+            let rows = random(&mut rng, 9, w);
+            let start = random(&mut rng, 1, w);
+            let terms: Vec<(u32, f32)> = (0..40)
+                .map(|t| ((t * 7 % 9) as u32, rng.gen_range(-1.0f32..1.0)))
+                .collect();
+            for n in [0usize, 1, 5, 40] {
+                let mut want = start.clone();
+                for &(r, p) in &terms[..n] {
+                    let row = &rows[r as usize * w..(r as usize + 1) * w];
+                    Scalar.axpy(p, row, &mut want);
+                }
+                for k in Kernels::available() {
+                    let mut got = start.clone();
+                    with_kernel!(k, k => k.fma_terms(&terms[..n], &rows, &mut got));
+                    assert_eq!(bits(&got), bits(&want), "{k}: width {w}, {n} terms");
                 }
             }
         }

@@ -189,6 +189,38 @@ unsafe fn scale_avx512(a: f32, xs: *mut f32, n: usize) {
     }
 }
 
+/// Width of the accumulator [`Avx512::fma_terms`] keeps in registers (the sparse product's
+/// column blocks).
+const FMA_TERMS_WIDTH: usize = 256;
+
+/// [`Avx512::fma_terms`] on a `FMA_TERMS_WIDTH`-wide accumulator.
+///
+/// # Safety
+/// AVX-512F available; `acc` valid for reads and writes of `FMA_TERMS_WIDTH` values; every
+/// term's row `rows[r * FMA_TERMS_WIDTH..]` valid for `FMA_TERMS_WIDTH` values.
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_terms_avx512(terms: &[(u32, f32)], rows: *const f32, acc: *mut f32) {
+    const V: usize = FMA_TERMS_WIDTH / 16;
+    let mut a = [_mm512_setzero_ps(); V];
+    for (i, a) in a.iter_mut().enumerate() {
+        // SAFETY: inside `acc` (caller's contract).
+        *a = unsafe { _mm512_loadu_ps(acc.add(16 * i)) };
+    }
+    for &(r, p) in terms {
+        let pv = _mm512_set1_ps(p);
+        // SAFETY: the term's row is inside `rows` (caller's contract).
+        let row = unsafe { rows.add(r as usize * FMA_TERMS_WIDTH) };
+        for (i, a) in a.iter_mut().enumerate() {
+            // SAFETY: as above, 16 * i + 16 <= FMA_TERMS_WIDTH.
+            *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(row.add(16 * i)) }, *a);
+        }
+    }
+    for (i, a) in a.iter().enumerate() {
+        // SAFETY: inside `acc` (caller's contract).
+        unsafe { _mm512_storeu_ps(acc.add(16 * i), *a) };
+    }
+}
+
 /// [`Avx512::add_rows_in_order`] over the first `cols` (a multiple of 16) values of each row.
 ///
 /// # Safety
@@ -285,6 +317,21 @@ impl Kernel for Avx512 {
 
     fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
         self.avx2.axpy(a, x, y)
+    }
+
+    /// A 256-wide accumulator stays in sixteen registers across the terms.
+    fn fma_terms(self, terms: &[(u32, f32)], rows: &[f32], acc: &mut [f32]) {
+        const W: usize = FMA_TERMS_WIDTH;
+        if acc.len() != W {
+            return self.avx2.fma_terms(terms, rows, acc);
+        }
+        let in_range = terms
+            .iter()
+            .all(|&(r, _)| (r as usize + 1) * W <= rows.len());
+        assert!(in_range, "fma_terms: a row past {} values", rows.len());
+        // SAFETY: AVX-512F present (`self`); `acc` holds W values and every term's row lies
+        // inside `rows` (checked above).
+        unsafe { fma_terms_avx512(terms, rows.as_ptr(), acc.as_mut_ptr()) }
     }
 }
 
