@@ -222,9 +222,10 @@ fn add_rows_in_order(
 }
 
 /// [`max`] of a row as a softmax's shift, compared in any order on the best kernels
-/// ([`Kernel::max_unordered`]) instead of one serial fold. Without NaNs the maximum does not depend on the order, except which of
-/// `+0` and `-0` wins, and `exp(x - 0)` and `exp(x + 0)` agree for every `x` (both zeros give
-/// `exp(±0) = 1`): the same exps, the same bits. A row with a NaN takes the serial fold.
+/// ([`Kernel::max_unordered`]) instead of one serial fold. Without NaNs the maximum does not
+/// depend on the order, except which of `+0` and `-0` wins, and `exp(x - 0)` and `exp(x + 0)`
+/// agree for every `x` (both zeros give `exp(±0) = 1`): the same exps, the same bits. A row
+/// with a NaN takes the serial fold.
 fn softmax_shift(row: &[f32]) -> f32 {
     with_kernel!(Kernels::best(), k => k.max_unordered(row)).unwrap_or_else(|| max(row))
 }
