@@ -41,9 +41,9 @@
 
 use rayon::prelude::*;
 
-use crate::format::{check_len, mul};
+use crate::format::{check_len, mul, QRow};
 use crate::kernels::gemm::column_panels;
-use crate::kernels::{dequant_value, with_kernel, Kernel};
+use crate::kernels::{dequant_value, prefetch, with_kernel, Kernel};
 use crate::{Product, QMatrix, QuantError};
 
 /// `tau` of the bound: the skipped weight may move an output by `tau * u` of the row's scale.
@@ -61,10 +61,13 @@ const BUCKETS: usize = (0x7f80_0000 >> BUCKET_SHIFT) as usize;
 const DENSE_FRACTION: usize = 8;
 /// Vocabulary rows per partial sum of the gathered product.
 const REDUCE_ROWS: usize = 8192;
-/// Output columns per task of the gathered product (a multiple of every group size).
-const BLOCK_COLS: usize = 256;
-/// Rows of `W` the gathered product holds dequantized at once (64 x 256 f32: 64 KB, in L2).
+/// Columns of the gathered product whose accumulator one output row keeps in registers.
+const PIECE_COLS: usize = 256;
+/// Rows of `W` the gathered product holds dequantized at once (the panel's part of each).
 const VOCAB_BLOCK: usize = 64;
+/// Bytes of the gathered product's accumulators (every output row over one column panel)
+/// kept within L2 (half of a 1 MB L2), which bounds the panel's width.
+const ACC_BYTES: usize = 512 << 10;
 
 /// Which entries of one probability row the sparse product reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -260,24 +263,46 @@ fn gathered_product(
     let blocks = vocab_blocks(x, w.rows, sparse, &used);
     let (n, cols) = (sparse.len(), w.cols);
     let mut out = vec![0.0f32; n * cols];
-    column_panels(&mut out, (n, cols), BLOCK_COLS, true, |mut panel| {
+    let width = panel_width((n, cols), w.spec.group_size, rayon::current_num_threads());
+    column_panels(&mut out, (n, cols), width, true, |mut panel| {
         let (c0, cw) = (panel.start(), panel.width());
+        // Pieces of the panel whose accumulators fit the registers, `(first column, width)`;
+        // a block's rows are held piece by piece (`VOCAB_BLOCK` rows of each piece together).
+        let pieces: Vec<(usize, usize)> = (0..cw)
+            .step_by(PIECE_COLS)
+            .map(|p0| (p0, PIECE_COLS.min(cw - p0)))
+            .collect();
         let mut acc = vec![0.0f32; n * cw];
         let mut sum = vec![0.0f32; n * cw];
         let mut rows = vec![0.0f32; VOCAB_BLOCK * cw];
-        for block in &blocks {
+        let part = |v: u32| w.row(v as usize).part(c0, c0 + cw);
+        for (b, block) in blocks.iter().enumerate() {
             let vocab = &used[block.first..block.first + block.len];
-            for (&v, e) in vocab.iter().zip(rows.chunks_exact_mut(cw)) {
-                kern.dequant_row(w.row(v as usize).part(c0, c0 + cw), e);
+            // The next block's rows, one per row dequantized here: scattered over the table,
+            // they would each wait on memory.
+            let next = blocks
+                .get(b + 1)
+                .map_or(&[][..], |n| &used[n.first..n.first + n.len]);
+            for (i, &v) in vocab.iter().enumerate() {
+                if let Some(&n) = next.get(i) {
+                    prefetch_row(part(n));
+                }
+                let row = part(v);
+                for &(p0, pw) in &pieces {
+                    let e = &mut rows[VOCAB_BLOCK * p0 + i * pw..][..pw];
+                    kern.dequant_row(row.part(p0, p0 + pw), e);
+                }
+            }
+            // A shorter block leaves the rest of the next one to fetch now.
+            for &n in next.iter().skip(vocab.len()) {
+                prefetch_row(part(n));
             }
             for &(j, t0, t1) in &block.rows {
-                let j = j as usize;
-                let terms = &block.terms[t0 as usize..t1 as usize];
-                kern.fma_terms(
-                    terms,
-                    &rows[..block.len * cw],
-                    &mut acc[j * cw..(j + 1) * cw],
-                );
+                let (j, terms) = (j as usize, &block.terms[t0 as usize..t1 as usize]);
+                for &(p0, pw) in &pieces {
+                    let piece_rows = &rows[VOCAB_BLOCK * p0..][..block.len * pw];
+                    kern.fma_terms(terms, piece_rows, &mut acc[j * cw + p0..][..pw]);
+                }
             }
             if block.ends_chunk {
                 flush(&mut acc, &mut sum);
@@ -288,6 +313,22 @@ fn gathered_product(
         }
     });
     out
+}
+
+/// Column panels of the gathered product over `[n, cols]`: two per thread, so that each table
+/// row is read in few, long parts (a part per panel, each a wait on memory), but no wider than
+/// keeps the accumulators within `ACC_BYTES`; whole groups.
+fn panel_width((n, cols): (usize, usize), group_size: usize, threads: usize) -> usize {
+    let shares = cols.div_ceil(2 * threads.max(1));
+    let fits = ACC_BYTES / (4 * n.max(1));
+    (shares.min(fits) / group_size).max(1) * group_size
+}
+
+/// Hints the cache to fetch one table row's part (words, scales, biases).
+fn prefetch_row(row: QRow<'_>) {
+    prefetch(row.words);
+    prefetch(row.scales);
+    prefetch(row.biases);
 }
 
 /// Up to `VOCAB_BLOCK` consecutive used rows of `W`, all in one `REDUCE_ROWS` chunk, and the
@@ -327,13 +368,22 @@ fn vocab_blocks(
         spans.push((first, end - first, ends_chunk));
         first = end;
     }
+    // Each row's kept probabilities, read in one sweep per row (scattered over the row, they
+    // are misses that overlap here, not one at a time below).
+    let values: Vec<Vec<f32>> = sparse
+        .par_iter()
+        .map(|&(i, kept)| {
+            let p = &x[i * width..(i + 1) * width];
+            kept.iter().map(|&v| p[v as usize]).collect()
+        })
+        .collect();
     spans
         .into_par_iter()
         .map(|(first, len, ends_chunk)| {
             let vocab = &used[first..first + len];
             let (lo, hi) = (vocab[0], vocab[len - 1]);
             let (mut rows, mut terms) = (Vec::new(), Vec::new());
-            for (j, &(i, kept)) in sparse.iter().enumerate() {
+            for (j, (&(_, kept), values)) in sparse.iter().zip(&values).enumerate() {
                 let (a, b) = (
                     kept.partition_point(|&v| v < lo),
                     kept.partition_point(|&v| v <= hi),
@@ -342,13 +392,12 @@ fn vocab_blocks(
                     continue;
                 }
                 let t0 = terms.len() as u32;
-                let p = &x[i * width..(i + 1) * width];
                 let mut local = 0;
-                for &v in &kept[a..b] {
+                for (&v, &p) in kept[a..b].iter().zip(&values[a..b]) {
                     while vocab[local] != v {
                         local += 1;
                     }
-                    terms.push((local as u32, p[v as usize]));
+                    terms.push((local as u32, p));
                 }
                 rows.push((j as u32, t0, terms.len() as u32));
             }
@@ -446,8 +495,9 @@ mod tests {
     fn gathered_product_is_one_axpy_per_entry_in_vocabulary_order() {
         let mut rng = StdRng::seed_from_u64(11);
         let spec = crate::QuantSpec::new(4, 64).unwrap();
-        // Three REDUCE_ROWS chunks, a full and a partial column block.
-        let (rows, cols) = (2 * REDUCE_ROWS + 3000, 320);
+        // Three REDUCE_ROWS chunks; on one and two threads, column panels of 640 and 320
+        // columns (pieces of 256 and a partial one) and a last, narrower panel.
+        let (rows, cols) = (2 * REDUCE_ROWS + 3000, 1344);
         let packed: Vec<u32> = (0..rows * spec.words_per_row(cols))
             .map(|_| rng.gen())
             .collect();
@@ -479,16 +529,20 @@ mod tests {
             .map(|(&i, k)| (i, k.as_slice()))
             .collect();
         let want = gathered_by_axpy(&x, &w, &sparse);
-        for kernels in crate::Kernels::available() {
-            let got = with_kernel!(kernels, k => gathered_product(k, &x, &w, &sparse));
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same,
-                "{kernels}: the gathered product differs from one axpy per entry"
-            );
+        for threads in [1, 2] {
+            let pool = crate::pool::build(Some(threads)).unwrap();
+            for kernels in crate::Kernels::available() {
+                let got = pool
+                    .install(|| with_kernel!(kernels, k => gathered_product(k, &x, &w, &sparse)));
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{kernels}, {threads} threads: the gathered product differs from one axpy per entry"
+                );
+            }
         }
     }
 

@@ -189,18 +189,16 @@ unsafe fn scale_avx512(a: f32, xs: *mut f32, n: usize) {
     }
 }
 
-/// Width of the accumulator [`Avx512::fma_terms`] keeps in registers (the sparse product's
-/// column blocks).
-const FMA_TERMS_WIDTH: usize = 256;
+/// Widest accumulator [`Avx512::fma_terms`] keeps in registers (16 of the 32 vectors).
+const FMA_TERMS_MAX_WIDTH: usize = 256;
 
-/// [`Avx512::fma_terms`] on a `FMA_TERMS_WIDTH`-wide accumulator.
+/// [`Avx512::fma_terms`] on a `16 * V`-wide accumulator.
 ///
 /// # Safety
-/// AVX-512F available; `acc` valid for reads and writes of `FMA_TERMS_WIDTH` values; every
-/// term's row `rows[r * FMA_TERMS_WIDTH..]` valid for `FMA_TERMS_WIDTH` values.
+/// AVX-512F available; `acc` valid for reads and writes of `16 * V` values; every term's row
+/// `rows[r * 16 * V..]` valid for `16 * V` values.
 #[target_feature(enable = "avx512f")]
-unsafe fn fma_terms_avx512(terms: &[(u32, f32)], rows: *const f32, acc: *mut f32) {
-    const V: usize = FMA_TERMS_WIDTH / 16;
+unsafe fn fma_terms_avx512<const V: usize>(terms: &[(u32, f32)], rows: *const f32, acc: *mut f32) {
     let mut a = [_mm512_setzero_ps(); V];
     for (i, a) in a.iter_mut().enumerate() {
         // SAFETY: inside `acc` (caller's contract).
@@ -209,9 +207,9 @@ unsafe fn fma_terms_avx512(terms: &[(u32, f32)], rows: *const f32, acc: *mut f32
     for &(r, p) in terms {
         let pv = _mm512_set1_ps(p);
         // SAFETY: the term's row is inside `rows` (caller's contract).
-        let row = unsafe { rows.add(r as usize * FMA_TERMS_WIDTH) };
+        let row = unsafe { rows.add(r as usize * 16 * V) };
         for (i, a) in a.iter_mut().enumerate() {
-            // SAFETY: as above, 16 * i + 16 <= FMA_TERMS_WIDTH.
+            // SAFETY: as above, 16 * i + 16 <= 16 * V.
             *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(row.add(16 * i)) }, *a);
         }
     }
@@ -244,12 +242,100 @@ unsafe fn add_rows_avx512(rows: [*const f32; SUM_ROWS], cols: usize, sums: &mut 
     unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), acc) };
 }
 
+/// `dequant_row` for 4 and 8 bits: sixteen values per vector, each `fl(fl(s * q) + b)` (the
+/// scalar twin's two roundings, no fma).
+///
+/// # Safety
+/// AVX-512F available; `row.words` holds `out.len() * bits / 32` words, the scales and biases
+/// `out.len() / group_size` values; `group_size` a multiple of 32; `bits` 4 or 8.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dequant_row_avx512(row: QRow<'_>, bits: u32, group_size: usize, out: &mut [f32]) {
+    let (wp, op) = (row.words.as_ptr(), out.as_mut_ptr());
+    let words_per_vector = bits as usize / 2;
+    let vectors = group_size / 16;
+    // Lane i takes word i / (32 / bits) of the vector's words, shifted to field i % (32 / bits).
+    let per_word = 32 / bits as i32;
+    let lane_word = _mm512_set_epi32(
+        15 / per_word,
+        14 / per_word,
+        13 / per_word,
+        12 / per_word,
+        11 / per_word,
+        10 / per_word,
+        9 / per_word,
+        8 / per_word,
+        7 / per_word,
+        6 / per_word,
+        5 / per_word,
+        4 / per_word,
+        3 / per_word,
+        2 / per_word,
+        1 / per_word,
+        0,
+    );
+    let b = bits as i32;
+    let shifts = _mm512_set_epi32(
+        15 % per_word * b,
+        14 % per_word * b,
+        13 % per_word * b,
+        12 % per_word * b,
+        11 % per_word * b,
+        10 % per_word * b,
+        9 % per_word * b,
+        8 % per_word * b,
+        7 % per_word * b,
+        6 % per_word * b,
+        5 % per_word * b,
+        4 % per_word * b,
+        3 % per_word * b,
+        2 % per_word * b,
+        1 % per_word * b,
+        0,
+    );
+    let mask = _mm512_set1_epi32((1 << bits) - 1);
+    let word_mask: __mmask16 = (1 << words_per_vector) - 1;
+    for gi in 0..out.len() / group_size {
+        let s = _mm512_set1_ps(row.scales[gi].to_f32());
+        let bias = _mm512_set1_ps(row.biases[gi].to_f32());
+        for v in 0..vectors {
+            let first = gi * vectors + v;
+            // SAFETY: vector `first` reads words [first * wpv, (first + 1) * wpv) and writes
+            // outputs [16 * first, 16 * first + 16), inside the contract's lengths.
+            unsafe {
+                let words = _mm512_maskz_loadu_epi32(
+                    word_mask,
+                    wp.add(first * words_per_vector) as *const i32,
+                );
+                let lanes = _mm512_permutexvar_epi32(lane_word, words);
+                let q = _mm512_and_si512(_mm512_srlv_epi32(lanes, shifts), mask);
+                let w = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), s), bias);
+                _mm512_storeu_ps(op.add(16 * first), w);
+            }
+        }
+    }
+}
+
 /// Rows of `lhs` per register tile of `tiles` (6 x 2 accumulators).
 const TILE_ROWS: usize = 6;
 
 impl Kernel for Avx512 {
     fn dequant_row(self, row: QRow<'_>, out: &mut [f32]) {
-        self.avx2.dequant_row(row, out)
+        let (bits, group_size) = (row.spec.bits, row.spec.group_size);
+        if !matches!(bits, 4 | 8) {
+            return self.avx2.dequant_row(row, out);
+        }
+        let groups = out.len() / group_size;
+        assert!(
+            out.len().is_multiple_of(group_size)
+                && row.words.len() * 32 >= out.len() * bits as usize
+                && row.scales.len() >= groups
+                && row.biases.len() >= groups,
+            "dequant_row: short operand"
+        );
+        // SAFETY: AVX-512F present (`self`); the body reads `out.len() * bits / 32` words and
+        // `groups` scales and biases (checked) and writes `out.len()` floats; group sizes are
+        // multiples of 32, so every group is whole 16-value vectors.
+        unsafe { dequant_row_avx512(row, bits, group_size, out) }
     }
 
     fn exp_shifted(self, xs: &[f32], shift: f32, out: &mut [f32]) {
@@ -321,17 +407,26 @@ impl Kernel for Avx512 {
 
     /// A 256-wide accumulator stays in sixteen registers across the terms.
     fn fma_terms(self, terms: &[(u32, f32)], rows: &[f32], acc: &mut [f32]) {
-        const W: usize = FMA_TERMS_WIDTH;
-        if acc.len() != W {
+        let w = acc.len();
+        if w > FMA_TERMS_MAX_WIDTH || !w.is_multiple_of(16) {
             return self.avx2.fma_terms(terms, rows, acc);
         }
         let in_range = terms
             .iter()
-            .all(|&(r, _)| (r as usize + 1) * W <= rows.len());
+            .all(|&(r, _)| (r as usize + 1) * w <= rows.len());
         assert!(in_range, "fma_terms: a row past {} values", rows.len());
-        // SAFETY: AVX-512F present (`self`); `acc` holds W values and every term's row lies
-        // inside `rows` (checked above).
-        unsafe { fma_terms_avx512(terms, rows.as_ptr(), acc.as_mut_ptr()) }
+        let (rows, acc) = (rows.as_ptr(), acc.as_mut_ptr());
+        macro_rules! dispatch {
+            ($($v:literal)*) => {
+                match w / 16 {
+                    $($v => fma_terms_avx512::<$v>(terms, rows, acc),)*
+                    _ => {}
+                }
+            };
+        }
+        // SAFETY: AVX-512F present (`self`); `acc` holds w = 16 V values and every term's row
+        // lies inside `rows` (checked above).
+        unsafe { dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
     }
 }
 
