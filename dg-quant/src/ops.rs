@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::{with_kernel, Kernel, Kernels, View, SUM_ROWS};
+
 /// Rows per task of the row-wise `_par` variants.
 const PAR_ROWS: usize = 64;
 /// Elements per task of the element-wise `_par` variants.
@@ -15,7 +17,16 @@ const PAR_ELEMENTS: usize = 1 << 14;
 /// `weight = None` is the scale-free norm (`RMSNormNoScale`).
 pub fn rms_norm_row(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (mean_square + eps).sqrt();
+    scale_row(x, inverse_rms(mean_square, eps), weight, out);
+}
+
+/// `1 / sqrt(mean_square + eps)`.
+fn inverse_rms(mean_square: f32, eps: f32) -> f32 {
+    1.0 / (mean_square + eps).sqrt()
+}
+
+/// `out = x * inv * weight` (or `x * inv`).
+fn scale_row(x: &[f32], inv: f32, weight: Option<&[f32]>, out: &mut [f32]) {
     match weight {
         Some(w) => {
             for ((o, v), w) in out.iter_mut().zip(x).zip(w) {
@@ -30,19 +41,78 @@ pub fn rms_norm_row(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]
     }
 }
 
+/// Columns per chunk of squares in [`inverse_rms_rows`] (16 rows of them, 16 KB, in L1).
+const SQUARE_COLUMNS: usize = 256;
+
+/// [`inverse_rms`] of up to `SUM_ROWS` `dim`-wide rows of `x`, `ld` apart: each row's squares
+/// summed left to right as in [`rms_norm_row`] (the same bits), the rows side by side in
+/// register lanes ([`Kernel::add_rows_in_order`]) instead of one serial chain each.
+fn inverse_rms_rows(
+    x: &[f32],
+    (rows, dim, ld): (usize, usize, usize),
+    eps: f32,
+) -> [f32; SUM_ROWS] {
+    let mut sums = [0.0f32; SUM_ROWS];
+    let mut squares = [0.0f32; SUM_ROWS * SQUARE_COLUMNS];
+    for c in (0..dim).step_by(SQUARE_COLUMNS) {
+        let len = SQUARE_COLUMNS.min(dim - c);
+        for (r, sq) in squares
+            .chunks_exact_mut(SQUARE_COLUMNS)
+            .enumerate()
+            .take(rows)
+        {
+            for (s, v) in sq.iter_mut().zip(&x[r * ld + c..r * ld + c + len]) {
+                *s = v * v;
+            }
+        }
+        let view = View::new(&squares, rows, len, SQUARE_COLUMNS);
+        with_kernel!(Kernels::best(), k => k.add_rows_in_order(view, &mut sums));
+    }
+    sums.map(|s| inverse_rms(s / dim as f32, eps))
+}
+
 /// RMS norm of every `dim`-wide row of `x`, in place.
 pub fn rms_norm_rows_inplace(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
-    let mut tmp = vec![0.0f32; dim];
-    for row in x.chunks_exact_mut(dim) {
-        rms_norm_row(row, weight, eps, &mut tmp);
-        row.copy_from_slice(&tmp);
+    if dim == 0 {
+        return;
+    }
+    for block in x.chunks_mut(dim * SUM_ROWS) {
+        let rows = block.len() / dim;
+        let inv = inverse_rms_rows(block, (rows, dim, dim), eps);
+        for (row, &inv) in block.chunks_exact_mut(dim).zip(&inv) {
+            match weight {
+                Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * inv * w),
+                None => row.iter_mut().for_each(|v| *v *= inv),
+            }
+        }
     }
 }
 
 /// RMS norm of every `dim`-wide row of `x` into `out`.
 pub fn rms_norm_rows(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
-    for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        rms_norm_row(row, weight, eps, o);
+    rms_norm_rows_strided(x, dim, dim, weight, eps, out);
+}
+
+/// RMS norm of `dim`-wide rows of `x` that start `ld` apart (as many as `out` holds, packed
+/// there): a head's rows inside a projection of several heads.
+pub fn rms_norm_rows_strided(
+    x: &[f32],
+    dim: usize,
+    ld: usize,
+    weight: Option<&[f32]>,
+    eps: f32,
+    out: &mut [f32],
+) {
+    if dim == 0 {
+        return;
+    }
+    for (b, block) in out.chunks_mut(dim * SUM_ROWS).enumerate() {
+        let rows = block.len() / dim;
+        let x = &x[b * SUM_ROWS * ld..];
+        let inv = inverse_rms_rows(x, (rows, dim, ld), eps);
+        for (r, (o, &inv)) in block.chunks_exact_mut(dim).zip(&inv).enumerate() {
+            scale_row(&x[r * ld..r * ld + dim], inv, weight, o);
+        }
     }
 }
 
@@ -185,6 +255,45 @@ mod tests {
         let inv = 1.0 / (ms + 1e-6f32).sqrt();
         for i in 0..4 {
             approx::assert_relative_eq!(out[i], x[i] * inv * w[i], max_relative = 1e-6);
+        }
+    }
+
+    #[test]
+    fn norms_of_many_rows_are_each_row_alone() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for dim in [1usize, 7, 16, 250, 256, 300, 2816] {
+            for rows in [1usize, 5, 16, 17, 40] {
+                // Magnitudes over many binades, so that any other summation order rounds
+                // differently somewhere.
+                let ld = 3 * dim + 5;
+                let x: Vec<f32> = (0..rows * ld)
+                    .map(|_| rng.gen_range(-1.0f32..1.0) * 2f32.powi(rng.gen_range(-12..12)))
+                    .collect();
+                let w: Vec<f32> = (0..dim).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                for weight in [Some(w.as_slice()), None] {
+                    let mut want = vec![0.0f32; rows * dim];
+                    for (r, o) in want.chunks_exact_mut(dim).enumerate() {
+                        rms_norm_row(&x[r * ld..r * ld + dim], weight, 1e-6, o);
+                    }
+                    let mut strided = vec![0.0f32; rows * dim];
+                    rms_norm_rows_strided(&x, dim, ld, weight, 1e-6, &mut strided);
+                    let packed: Vec<f32> = x
+                        .chunks_exact(ld)
+                        .flat_map(|r| &r[..dim])
+                        .copied()
+                        .collect();
+                    let mut out = vec![0.0f32; rows * dim];
+                    rms_norm_rows(&packed, dim, weight, 1e-6, &mut out);
+                    let mut inplace = packed.clone();
+                    rms_norm_rows_inplace(&mut inplace, dim, weight, 1e-6);
+                    let case = format!("dim {dim}, rows {rows}, weight {}", weight.is_some());
+                    assert_eq!(bits(&strided), bits(&want), "strided, {case}");
+                    assert_eq!(bits(&out), bits(&want), "packed, {case}");
+                    assert_eq!(bits(&inplace), bits(&want), "in place, {case}");
+                }
+            }
         }
     }
 

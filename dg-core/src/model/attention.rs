@@ -108,10 +108,10 @@ impl Attention {
                     .into_par_iter()
                     .map(|h| {
                         let mut out = vec![0.0f32; rows * hd];
-                        for (t, o) in out.chunks_exact_mut(hd).enumerate() {
-                            let src = &flat[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                            ops::rms_norm_row(src, norm, self.eps, o);
-                            if rope {
+                        let src = flat.get(h * hd..).unwrap_or_default();
+                        ops::rms_norm_rows_strided(src, hd, heads * hd, norm, self.eps, &mut out);
+                        if rope {
+                            for (t, o) in out.chunks_exact_mut(hd).enumerate() {
                                 angles.rotate(o, t);
                             }
                         }

@@ -192,10 +192,10 @@ pub(crate) fn forward(
         (0..heads)
             .map(|head| {
                 let mut out = vec![0.0f32; rows * hd];
-                for (t, o) in out.chunks_exact_mut(hd).enumerate() {
-                    let src = &flat[(t * heads + head) * hd..(t * heads + head + 1) * hd];
-                    ops::rms_norm_row(src, w, eps, o);
-                    if rope {
+                let src = flat.get(head * hd..).unwrap_or_default();
+                ops::rms_norm_rows_strided(src, hd, heads * hd, w, eps, &mut out);
+                if rope {
+                    for (t, o) in out.chunks_exact_mut(hd).enumerate() {
                         angles.rotate(o, t);
                     }
                 }
