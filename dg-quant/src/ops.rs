@@ -174,9 +174,8 @@ pub fn gelu_tanh(x: f32) -> f32 {
 
 /// GeGLU: `gelu_tanh(gate) * up`, written into `gate`.
 pub fn geglu_inplace(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = gelu_tanh(*g) * u;
-    }
+    let n = gate.len().min(up.len());
+    with_kernel!(Kernels::best(), k => k.geglu(&mut gate[..n], &up[..n]));
 }
 
 /// [`geglu_inplace`] on blocks of elements in parallel.
@@ -236,9 +235,7 @@ pub fn rope_rotate_half(x0: &mut [f32], x1: &mut [f32], cos: &[f32], sin: &[f32]
 
 /// Tanh soft cap `tanh(x / cap) * cap`, in f32 (the reference upcasts before capping).
 pub fn softcap_inplace(x: &mut [f32], cap: f32) {
-    for v in x.iter_mut() {
-        *v = tanh(*v / cap) * cap;
-    }
+    with_kernel!(Kernels::best(), k => k.soft_cap(x, cap));
 }
 
 #[cfg(test)]

@@ -200,6 +200,34 @@ pub(crate) trait Kernel: Copy + Send + Sync {
 
     /// `xs[i] = mlx::log(xs[i])`, glibc's `logf` bit for bit.
     fn log_in_place(self, xs: &mut [f32]);
+
+    /// `gate[i] = gelu_tanh(gate[i]) * up[i]` ([`crate::ops::gelu_tanh`]; equal lengths).
+    fn geglu(self, gate: &mut [f32], up: &[f32]) {
+        geglu_loop(gate, up);
+    }
+
+    /// `xs[i] = tanh(xs[i] / cap) * cap` ([`crate::ops::tanh`]).
+    fn soft_cap(self, xs: &mut [f32], cap: f32) {
+        soft_cap_loop(xs, cap);
+    }
+}
+
+/// The scalar [`Kernel::geglu`]; the SIMD kernels compile this same loop for their vector
+/// width (plain IEEE multiplies, adds and divides, never fused: the same bits in every lane).
+#[inline(always)]
+pub(crate) fn geglu_loop(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "geglu: lengths differ");
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = crate::ops::gelu_tanh(*g) * u;
+    }
+}
+
+/// The scalar [`Kernel::soft_cap`], compiled by the SIMD kernels as [`geglu_loop`] is.
+#[inline(always)]
+pub(crate) fn soft_cap_loop(xs: &mut [f32], cap: f32) {
+    for v in xs.iter_mut() {
+        *v = crate::ops::tanh(*v / cap) * cap;
+    }
 }
 
 /// The kernels of the unpacked-panel `x @ W^T` (4- and 8-bit weights): [`Scalar`] (the
@@ -806,6 +834,38 @@ mod tests {
                 with_kernel!(k, k => k.exp_shifted_in_place(&mut got, 1.5));
                 assert_eq!(bits(&got), bits(&want), "{k}: n {n}");
             }
+        }
+    }
+
+    #[test]
+    fn every_kernel_gelus_and_caps_as_the_scalar_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        // Every magnitude from subnormal to huge, both signs, and the specials, in runs long
+        // enough for the vector bodies and their tails.
+        let mut xs: Vec<f32> = (0..997)
+            .map(|_| rng.gen_range(-1.0f32..1.0) * 2f32.powi(rng.gen_range(-140..40)))
+            .collect();
+        let specials = [
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            7.905_311,
+            -9.0,
+        ];
+        xs[..specials.len()].copy_from_slice(&specials);
+        let up: Vec<f32> = (0..xs.len()).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+        let (mut gelu, mut capped) = (xs.clone(), xs.clone());
+        Scalar.geglu(&mut gelu, &up);
+        Scalar.soft_cap(&mut capped, 30.0);
+        for k in Kernels::available() {
+            let mut g = xs.clone();
+            with_kernel!(k, k => k.geglu(&mut g, &up));
+            assert_eq!(bits(&g), bits(&gelu), "{k}: geglu");
+            let mut c = xs.clone();
+            with_kernel!(k, k => k.soft_cap(&mut c, 30.0));
+            assert_eq!(bits(&c), bits(&capped), "{k}: soft cap");
         }
     }
 

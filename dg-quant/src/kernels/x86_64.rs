@@ -152,6 +152,16 @@ impl Kernel for Avx2Fma {
         unsafe { log_avx2(xs.as_mut_ptr(), n) };
         Scalar.log_in_place(&mut xs[n..]);
     }
+
+    fn geglu(self, gate: &mut [f32], up: &[f32]) {
+        // SAFETY: AVX2/FMA present (`self`); the loop is safe code.
+        unsafe { geglu_avx2(gate, up) }
+    }
+
+    fn soft_cap(self, xs: &mut [f32], cap: f32) {
+        // SAFETY: AVX2/FMA present (`self`); the loop is safe code.
+        unsafe { soft_cap_avx2(xs, cap) }
+    }
 }
 
 register_tile!(
@@ -356,4 +366,22 @@ unsafe fn log_avx2(xs: *mut f32, n: usize) {
             }
         }
     }
+}
+
+/// [`super::geglu_loop`] compiled for 8-lane AVX2.
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn geglu_avx2(gate: &mut [f32], up: &[f32]) {
+    super::geglu_loop(gate, up)
+}
+
+/// [`super::soft_cap_loop`] compiled for 8-lane AVX2.
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn soft_cap_avx2(xs: &mut [f32], cap: f32) {
+    super::soft_cap_loop(xs, cap)
 }

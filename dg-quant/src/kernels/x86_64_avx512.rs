@@ -242,6 +242,24 @@ unsafe fn add_rows_avx512(rows: [*const f32; SUM_ROWS], cols: usize, sums: &mut 
     unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), acc) };
 }
 
+/// [`super::geglu_loop`] compiled for 16-lane AVX-512.
+///
+/// # Safety
+/// AVX-512F available.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn geglu_avx512(gate: &mut [f32], up: &[f32]) {
+    super::geglu_loop(gate, up)
+}
+
+/// [`super::soft_cap_loop`] compiled for 16-lane AVX-512.
+///
+/// # Safety
+/// AVX-512F available.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn soft_cap_avx512(xs: &mut [f32], cap: f32) {
+    super::soft_cap_loop(xs, cap)
+}
+
 /// `dequant_row` for 4 and 8 bits: sixteen values per vector, each `fl(fl(s * q) + b)` (the
 /// scalar twin's two roundings, no fma).
 ///
@@ -319,6 +337,16 @@ unsafe fn dequant_row_avx512(row: QRow<'_>, bits: u32, group_size: usize, out: &
 const TILE_ROWS: usize = 6;
 
 impl Kernel for Avx512 {
+    fn geglu(self, gate: &mut [f32], up: &[f32]) {
+        // SAFETY: AVX-512F present (`self`); the loop is safe code.
+        unsafe { geglu_avx512(gate, up) }
+    }
+
+    fn soft_cap(self, xs: &mut [f32], cap: f32) {
+        // SAFETY: AVX-512F present (`self`); the loop is safe code.
+        unsafe { soft_cap_avx512(xs, cap) }
+    }
+
     fn dequant_row(self, row: QRow<'_>, out: &mut [f32]) {
         let (bits, group_size) = (row.spec.bits, row.spec.group_size);
         if !matches!(bits, 4 | 8) {
