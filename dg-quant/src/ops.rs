@@ -90,11 +90,12 @@ pub fn rms_norm_rows_inplace(x: &mut [f32], dim: usize, weight: Option<&[f32]>, 
 
 /// RMS norm of every `dim`-wide row of `x` into `out`.
 pub fn rms_norm_rows(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
-    rms_norm_rows_strided(x, dim, dim, weight, eps, out);
+    let n = x.len().min(out.len()) / dim.max(1) * dim;
+    rms_norm_rows_strided(&x[..n], dim, dim, weight, eps, &mut out[..n]);
 }
 
-/// RMS norm of `dim`-wide rows of `x` that start `ld` apart (as many as `out` holds, packed
-/// there): a head's rows inside a projection of several heads.
+/// RMS norm of `dim`-wide rows of `x` that start `ld` apart, packed into `out` (as many rows
+/// as both hold): a head's rows inside a projection of several heads.
 pub fn rms_norm_rows_strided(
     x: &[f32],
     dim: usize,
@@ -103,10 +104,12 @@ pub fn rms_norm_rows_strided(
     eps: f32,
     out: &mut [f32],
 ) {
-    if dim == 0 {
+    if dim == 0 || ld < dim {
         return;
     }
-    for (b, block) in out.chunks_mut(dim * SUM_ROWS).enumerate() {
+    let in_x = (x.len() + ld - dim) / ld;
+    let rows = in_x.min(out.len() / dim);
+    for (b, block) in out[..rows * dim].chunks_mut(dim * SUM_ROWS).enumerate() {
         let rows = block.len() / dim;
         let x = &x[b * SUM_ROWS * ld..];
         let inv = inverse_rms_rows(x, (rows, dim, ld), eps);
@@ -289,6 +292,11 @@ mod tests {
                     assert_eq!(bits(&strided), bits(&want), "strided, {case}");
                     assert_eq!(bits(&out), bits(&want), "packed, {case}");
                     assert_eq!(bits(&inplace), bits(&want), "in place, {case}");
+                    // Room for more rows than `x` holds: only the rows it holds are written.
+                    let mut long = vec![7.0f32; (rows + 2) * dim];
+                    rms_norm_rows_strided(&x, dim, ld, weight, 1e-6, &mut long);
+                    assert_eq!(bits(&long[..rows * dim]), bits(&want), "longer out, {case}");
+                    assert!(long[rows * dim..].iter().all(|&v| v == 7.0), "{case}");
                 }
             }
         }
